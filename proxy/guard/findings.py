@@ -1,0 +1,137 @@
+"""Typed findings: every anomaly the guard absorbs, repairs or rejects.
+
+The finding kinds are one enumerated list, used unchanged by the audit tables and the reports.
+Every fault kind of the regression corpus (``../shared/fault-cases/*.json``, field ``kind``) is a
+member, so a corpus case can always be matched to the finding it must produce.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+#: Offending frame text is capped at this many characters in a finding (the audit stores it).
+FRAGMENT_CAP = 4096
+
+
+class Severity(enum.StrEnum):
+    """How bad a finding is: ``info`` absorbed silently, ``warning`` repaired, ``error`` fatal to the attempt."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Action(enum.StrEnum):
+    """What the guard did about a finding."""
+
+    NORMALIZED = "normalized"  # dialect quirk absorbed; the output is canonical
+    REPAIRED = "repaired"  # a deterministic, policy-allowed repair changed the call
+    IGNORED = "ignored"  # metadata skipped (keep-alive comments, filter annotations)
+    RETRY = "retry"  # the attempt is unusable; ask the upstream again
+    ERROR = "error"  # a non-retryable upstream error; passed to the client
+
+
+class FindingKind(enum.StrEnum):
+    """Finding kind slugs. The first block is the fault corpus' ``kind`` values, verbatim."""
+
+    # A. tool-call identity, name and index (corpus)
+    EMPTY_NAME_ON_CONTINUATION = "empty-name-on-continuation"  # C01
+    NAME_REPEATED_EVERY_CHUNK = "name-repeated-every-chunk"  # C03
+    NAME_ARRIVES_LATE = "name-arrives-late"  # C05
+    NAME_SPLIT_ACROSS_CHUNKS = "name-split-across-chunks"  # C06
+    TOOL_CALL_ID_CHANGES_MID_STREAM = "tool-call-id-changes-mid-stream"  # C07
+    TOOL_CALL_ID_MISSING = "tool-call-id-missing"  # C08
+    PARALLEL_CALLS_SHARE_INDEX_0 = "parallel-calls-share-index-0"  # C09
+    TOOL_CALL_INDEX_MISSING = "tool-call-index-missing"  # C10
+    TOOL_CALL_TYPE_MISSING = "tool-call-type-missing"  # C12
+    # B. arguments (corpus)
+    ARGUMENTS_AS_JSON_OBJECT = "arguments-as-json-object"  # C13
+    CUMULATIVE_ARGUMENTS_SNAPSHOTS = "cumulative-arguments-snapshots"  # C14
+    FULL_ARGUMENTS_RESENT_AT_END = "full-arguments-resent-at-end"  # C15
+    SINGLE_CHUNK_COMPLETE_CALL = "single-chunk-complete-call"  # C17
+    FINAL_CHUNK_REPEATS_METADATA_WITH_FINISH = "final-chunk-repeats-metadata-with-finish"  # C18
+    EMPTY_ARGUMENTS_FOR_NO_ARG_TOOL = "empty-arguments-for-no-arg-tool"  # C19
+    NESTED_VALUES_DOUBLE_ENCODED = "nested-values-double-encoded"  # C20
+    RAW_CONTROL_CHARACTERS_IN_ARGUMENTS = "raw-control-characters-in-arguments"  # C21
+    CODE_FENCE_PREFIX_IN_ARGUMENTS = "code-fence-prefix-in-arguments"  # C23
+    TRUNCATED_ARGUMENTS_LENGTH = "truncated-arguments-length"  # C24
+    # C. leaked markup (corpus)
+    HERMES_TOOL_CALL_TAGS_IN_CONTENT = "hermes-tool-call-tags-in-content"  # C26
+    DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT = "deepseek-special-tokens-in-content"  # C27
+    KIMI_SECTION_TOKENS_IN_CONTENT = "kimi-section-tokens-in-content"  # C29
+    MINIMAX_XML_IN_CONTENT = "minimax-xml-in-content"  # C31
+    # D. finish reason (corpus)
+    FINISH_REASON_STOP_WITH_TOOL_CALLS = "finish-reason-stop-with-tool-calls"  # C32
+    DUPLICATE_TERMINAL_FINISH_REASON = "duplicate-terminal-finish-reason"  # C33
+    EMPTY_STRING_FINISH_REASON_AND_LEGACY_STUB = "empty-string-finish-reason-and-legacy-stub"  # C34
+    # E. envelope and SSE framing (corpus)
+    USAGE_ONLY_CHUNK_EMPTY_CHOICES = "usage-only-chunk-empty-choices"  # C36
+    CONTENT_FILTER_ANNOTATION_CHUNKS = "content-filter-annotation-chunks"  # C37
+    SSE_DATA_WITHOUT_SPACE = "sse-data-without-space"  # C38
+    SSE_COMMENT_KEEPALIVES = "sse-comment-keepalives"  # C40
+    MID_STREAM_ERROR_CHUNK = "mid-stream-error-chunk"  # C41
+    NONSTANDARD_SSE_ERROR_FIELD = "nonstandard-sse-error-field"  # C43
+    FUSED_TRUNCATED_SSE_FRAMES = "fused-truncated-sse-frames"  # C45
+    # F. names and pre-stream errors (corpus)
+    UNDECLARED_OR_PREFIXED_TOOL_NAME = "undeclared-or-prefixed-tool-name"  # C46
+    PRE_STREAM_TOOL_USE_FAILED = "pre-stream-tool-use-failed"  # C47
+
+    # Beyond the corpus: the rest of each family.
+    FUNCTION_TAG_MARKUP_IN_CONTENT = "function-tag-markup-in-content"  # <function=name>{...}</function>
+    LEAKED_MARKUP_UNPARSEABLE = "leaked-markup-unparseable"
+    UNPARSEABLE_DATA_FRAME = "unparseable-data-frame"
+    NON_CHUNK_FRAME = "non-chunk-frame"  # JSON that is not a chat.completion.chunk
+    COMPLETION_ID_CHANGED = "completion-id-changed"
+    IDENTITY_FIELD_BLANK = "identity-field-blank"  # id/model/created empty, null or "null"
+    ROLE_REPEATED = "role-repeated"
+    STRAY_ESCAPE_IN_ARGUMENTS = "stray-escape-in-arguments"
+    ARGUMENTS_NOT_JSON = "arguments-not-json"
+    ARGUMENTS_NOT_OBJECT = "arguments-not-object"
+    MIXED_ARGUMENT_FRAGMENT_TYPES = "mixed-argument-fragment-types"
+    CONFLICTING_DUPLICATE_ARGUMENTS = "conflicting-duplicate-arguments"
+    DUPLICATE_TOOL_CALL = "duplicate-tool-call"
+    SCHEMA_VIOLATION = "schema-violation"
+    TOOL_CHOICE_VIOLATION = "tool-choice-violation"
+    PARALLEL_TOOL_CALLS_VIOLATION = "parallel-tool-calls-violation"
+    MISSING_FINISH_REASON = "missing-finish-reason"
+    CONTENT_FILTERED = "content-filtered"
+    EOF_WITHOUT_DONE = "eof-without-done"
+    EMPTY_TURN = "empty-turn"
+    UPSTREAM_HTTP_ERROR = "upstream-http-error"
+    UPSTREAM_CONNECTION_ERROR = "upstream-connection-error"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
+    UPSTREAM_NOT_SSE = "upstream-not-sse"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One anomaly tied to where it was seen.
+
+    ``choice`` / ``slot`` are the choice index and tool-call slot (``None`` when not applicable);
+    ``frame`` is the 0-based number of the SSE event in the attempt; ``offset`` the byte offset of
+    that event in the attempt body; ``fragment`` the offending frame text (capped at
+    ``FRAGMENT_CAP`` characters); ``detail`` a human sentence; ``action`` what was done.
+    """
+
+    kind: FindingKind
+    severity: Severity
+    action: Action
+    detail: str = ""
+    choice: int | None = None
+    slot: int | None = None
+    frame: int | None = None
+    offset: int | None = None
+    fragment: str = ""
+
+    @property
+    def fatal(self) -> bool:
+        """True when the finding makes the attempt unusable (retry or error)."""
+        return self.action in (Action.RETRY, Action.ERROR)
+
+
+def cap_fragment(text: str) -> str:
+    """Return ``text`` cut to ``FRAGMENT_CAP`` characters, marking the cut."""
+    if len(text) <= FRAGMENT_CAP:
+        return text
+    return text[:FRAGMENT_CAP] + "…[truncated]"

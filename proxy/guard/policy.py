@@ -1,0 +1,63 @@
+"""Guard policy: what the guard may repair and what the relay does when an attempt is unusable.
+
+Stored per tenant (defaults) and per route (overrides) in ``tenants``; the guard core only sees
+this frozen value.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Repair(enum.StrEnum):
+    """Deterministic repairs the policy can allow (fault cases named after each)."""
+
+    CONTROL_CHARACTERS = "control-characters"  # raw control characters inside JSON strings (C21)
+    STRAY_ESCAPES = "stray-escapes"  # backslash escapes outside JSON strings
+    CODE_FENCE = "code-fence"  # ```json fences / "json" tag residue around arguments (C23)
+    DOUBLE_ENCODED = "double-encoded"  # schema-guided unwrapping of JSON-in-a-string (C20)
+    NAME_PREFIX = "name-prefix"  # "functions." / "default_api." template prefixes (C46)
+    LEAKED_MARKUP = "leaked-markup"  # tool calls leaked into text as model markup (C26-C31)
+
+
+DETERMINISTIC_REPAIRS: frozenset[Repair] = frozenset(Repair)
+
+
+class Exhaustion(enum.StrEnum):
+    """What a committed client gets when retries run out."""
+
+    MESSAGE = "message"  # a terminal assistant message saying what failed (agents do not retry it)
+    ERROR = "error"  # the protocol's in-stream error
+
+
+class FragmentStorage(enum.StrEnum):
+    """How much of the raw upstream body the audit keeps."""
+
+    ATTEMPT = "attempt"  # the whole attempt body (capped)
+    OFFENDING = "offending"  # only the frames a finding points at
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    """Policy values with their product defaults.
+
+    ``max_retries``: further upstream attempts after the first (so at most ``1 + max_retries``
+    calls); ``stream_text``: release text live in guarded requests; ``early_abort``: stop reading a
+    provably broken attempt; ``commit_deadline`` / ``keepalive_interval`` in seconds.
+    """
+
+    max_retries: int = 2
+    stream_text: bool = True
+    early_abort: bool = True
+    exhaustion: Exhaustion = Exhaustion.MESSAGE
+    repairs: frozenset[Repair] = field(default_factory=lambda: DETERMINISTIC_REPAIRS)
+    fragments: FragmentStorage = FragmentStorage.OFFENDING
+    retention_days: int = 30
+    commit_deadline: float = 5.0
+    keepalive_interval: float = 10.0
+
+    def allows(self, repair: Repair) -> bool:
+        """True when ``repair`` is allowed."""
+        return repair in self.repairs
