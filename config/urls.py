@@ -1,0 +1,15 @@
+"""URL routes served by Django (everything that is not ``/v1/*``)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+from proxy import health
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
+    path("admin/", admin.site.urls),
+]
