@@ -92,6 +92,7 @@ class FindingKind(enum.StrEnum):
     CONFLICTING_DUPLICATE_ARGUMENTS = "conflicting-duplicate-arguments"
     DUPLICATE_TOOL_CALL = "duplicate-tool-call"
     SCHEMA_VIOLATION = "schema-violation"
+    TOOL_SCHEMA_INVALID = "tool-schema-invalid"  # the client's own parameters schema is unusable
     TOOL_CHOICE_VIOLATION = "tool-choice-violation"
     PARALLEL_TOOL_CALLS_VIOLATION = "parallel-tool-calls-violation"
     MISSING_FINISH_REASON = "missing-finish-reason"
