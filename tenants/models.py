@@ -1,0 +1,268 @@
+"""Tenants and what they own: API keys, upstreams, model routes, memberships, guard policy.
+
+Tenant-owned rows are read through ``tenants.selectors`` (the one door) and written through
+``tenants.services``; models hold single-row invariants and formatting only (STYLE.md rule 7).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from proxy.guard.policy import DETERMINISTIC_REPAIRS, Exhaustion, FragmentStorage, GuardPolicy, Repair
+from tenants import crypto
+
+API_KEY_PREFIX = "tr"
+
+
+def _default_repairs() -> list[str]:
+    return sorted(r.value for r in DETERMINISTIC_REPAIRS)
+
+
+class PolicyFields(models.Model):
+    """Guard policy columns; on Tenant they are the defaults, on ModelRoute nullable overrides."""
+
+    max_retries = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Upstream retries after the first attempt.")
+    stream_text = models.BooleanField(null=True, blank=True, help_text="Stream text live in guarded requests.")
+    early_abort = models.BooleanField(null=True, blank=True, help_text="Stop reading a provably broken attempt at once.")
+    exhaustion = models.CharField(max_length=16, choices=[(e.value, e.value) for e in Exhaustion], blank=True,
+                                  help_text="What a committed client gets when retries run out.")
+    allowed_repairs = models.JSONField(null=True, blank=True,
+                                       help_text=f"List of allowed repairs among: {', '.join(r.value for r in Repair)}.")
+    fragment_storage = models.CharField(max_length=16, choices=[(f.value, f.value) for f in FragmentStorage],
+                                        blank=True, help_text="How much raw upstream body the audit keeps.")
+    retention_days = models.PositiveIntegerField(null=True, blank=True, help_text="Days raw fragments are kept.")
+
+    class Meta:
+        abstract = True
+
+    POLICY_FIELDS = ("max_retries", "stream_text", "early_abort", "exhaustion", "allowed_repairs",
+                     "fragment_storage", "retention_days")
+
+    def policy_overrides(self) -> dict[str, Any]:
+        """The policy values set on this row (None / blank = inherit)."""
+        values = {name: getattr(self, name) for name in self.POLICY_FIELDS}
+        return {k: v for k, v in values.items() if v is not None and v != ""}
+
+
+class Tenant(PolicyFields):
+    """An organisation using the proxy; owns keys, upstreams and routes, and the default guard policy."""
+
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=100, unique=True)
+    active = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    default_upstream = models.ForeignKey("Upstream", null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="+", help_text="Serves model names no route matches, unchanged.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def policy(self, overrides: dict[str, Any] | None = None) -> GuardPolicy:
+        """The effective GuardPolicy: product defaults < tenant values < ``overrides`` (a route's)."""
+        values = {**self.policy_overrides(), **(overrides or {})}
+        base = GuardPolicy()
+        repairs = values.get("allowed_repairs")
+        return GuardPolicy(
+            max_retries=values.get("max_retries", base.max_retries),
+            stream_text=values.get("stream_text", base.stream_text),
+            early_abort=values.get("early_abort", base.early_abort),
+            exhaustion=Exhaustion(values.get("exhaustion", base.exhaustion)),
+            repairs=frozenset(Repair(r) for r in repairs if r in Repair._value2member_map_)
+            if isinstance(repairs, list) else base.repairs,
+            fragments=FragmentStorage(values.get("fragment_storage", base.fragments)),
+            retention_days=values.get("retention_days", base.retention_days),
+        )
+
+
+class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+    def active(self) -> ApiKeyQuerySet:
+        """Keys neither revoked nor expired."""
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(models.Q(expires__isnull=True) | models.Q(expires__gt=now))
+
+    def for_tenant(self, tenant: Tenant) -> ApiKeyQuerySet:
+        return self.filter(tenant=tenant)
+
+
+class ApiKey(models.Model):
+    """A virtual key. Only a visible ``prefix`` and a keyed ``digest`` are stored, never the secret.
+
+    Format ``tr-<prefix>-<secret>``: ``prefix`` 12 lowercase alphanumerics (the lookup key),
+    ``secret`` 43 urlsafe characters (256 bits). ``digest`` = hex HMAC-SHA256(server secret, full key).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    expires = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display})"
+
+    @property
+    def display(self) -> str:
+        """What may be shown of the key: ``tr-<prefix>-…``."""
+        return f"{API_KEY_PREFIX}-{self.prefix}-…"
+
+    def is_usable(self, now: Any = None) -> bool:
+        """True when not revoked and not expired."""
+        now = now or timezone.now()
+        return self.revoked_at is None and (self.expires is None or self.expires > now)
+
+    @staticmethod
+    def compute_digest(raw_key: str) -> str:
+        """Hex HMAC-SHA256 of ``raw_key`` under the server's API key secret."""
+        secret = settings.API_KEY_SECRET or f"toolrelay-api-keys:{settings.SECRET_KEY}"
+        return hmac.new(secret.encode(), raw_key.encode(), hashlib.sha256).hexdigest()
+
+    def matches(self, raw_key: str) -> bool:
+        """Constant-time comparison of ``raw_key``'s digest with the stored one."""
+        return hmac.compare_digest(self.digest, self.compute_digest(raw_key))
+
+
+class Upstream(models.Model):
+    """An OpenAI-compatible chat-completions API of a tenant, with its encrypted credential.
+
+    Timeouts in seconds: ``connect_timeout`` (TCP/TLS), ``first_byte_timeout`` (request sent ->
+    response headers and first body byte), ``idle_timeout`` (between two stream reads).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="upstreams")
+    name = models.CharField(max_length=100)
+    base_url = models.URLField(max_length=500, help_text="OpenAI-style base, e.g. https://api.deepseek.com/v1")
+    credential_encrypted = models.TextField(blank=True, editable=False)
+    credential_hint = models.CharField(max_length=24, blank=True, editable=False)
+    extra_headers_encrypted = models.TextField(blank=True, editable=False)
+    connect_timeout = models.FloatField(default=10.0, validators=[MinValueValidator(0.1)])
+    first_byte_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
+    idle_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["tenant__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="upstream_unique_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.base_url})"
+
+    @property
+    def credential_display(self) -> str:
+        """Masked credential, e.g. ``sk-…3f9a``; empty when none is set."""
+        return self.credential_hint
+
+    def set_credential(self, raw: str) -> None:
+        """Encrypt and store ``raw`` (empty clears it); keeps only a masked hint in clear."""
+        self.credential_encrypted = crypto.encrypt(raw) if raw else ""
+        self.credential_hint = _mask(raw)
+
+    def credential(self) -> str:
+        """The decrypted credential ('' when none). Raises ``crypto.CredentialError``."""
+        return crypto.decrypt(self.credential_encrypted) if self.credential_encrypted else ""
+
+    def set_extra_headers(self, headers: dict[str, str]) -> None:
+        """Encrypt and store extra request headers (treated as secrets too)."""
+        self.extra_headers_encrypted = crypto.encrypt(json.dumps(headers)) if headers else ""
+
+    def extra_headers(self) -> dict[str, str]:
+        """The decrypted extra headers."""
+        return json.loads(crypto.decrypt(self.extra_headers_encrypted)) if self.extra_headers_encrypted else {}
+
+
+def _mask(raw: str) -> str:
+    if not raw:
+        return ""
+    if len(raw) < 12:
+        return "…" + raw[-2:]
+    head = raw.split("-", 1)[0] + "-" if "-" in raw[:6] else raw[:2]
+    return f"{head}…{raw[-4:]}"
+
+
+class ModelRoute(PolicyFields):
+    """Maps a public model name (exact, or a glob such as ``deepseek-*``) to an upstream model.
+
+    ``upstream_model`` blank = the public name unchanged. ``max_output_tokens`` caps the client's
+    ``max_tokens`` / ``max_completion_tokens`` (Claude Code asks for 32k-128k). Policy columns
+    override the tenant's. Fallbacks (``RouteFallback``) are where retries k = 1, 2, … go.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="routes")
+    public_name = models.CharField(max_length=200, help_text="Exact model name or a glob such as deepseek-*")
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="routes")
+    upstream_model = models.CharField(max_length=200, blank=True)
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["tenant__name", "public_name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "public_name"], name="route_unique_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.public_name} -> {self.upstream.name}:{self.upstream_model or self.public_name}"
+
+    @property
+    def is_glob(self) -> bool:
+        return any(ch in self.public_name for ch in "*?[")
+
+    def matches(self, model: str) -> bool:
+        """True when ``model`` is this route's name, or matches its glob (case-sensitive)."""
+        return model == self.public_name or (self.is_glob and fnmatch.fnmatchcase(model, self.public_name))
+
+    def target_model(self, model: str) -> str:
+        """The upstream model name for a client's ``model``."""
+        return self.upstream_model or model
+
+
+class RouteFallback(models.Model):
+    """The k-th fallback of a route: retry k goes to ``upstream`` with ``model`` (blank = route's)."""
+
+    route = models.ForeignKey(ModelRoute, on_delete=models.CASCADE, related_name="fallbacks")
+    position = models.PositiveSmallIntegerField(default=1)
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="+")
+    model = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["position"]
+
+    def __str__(self) -> str:
+        return f"#{self.position} {self.upstream.name}:{self.model or '(same)'}"
+
+
+class Membership(models.Model):
+    """Binds a staff user to a tenant: ``admin`` manages it, ``viewer`` only reads."""
+
+    ADMIN = "admin"
+    VIEWER = "viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=8, choices=[(ADMIN, "admin"), (VIEWER, "viewer")], default=VIEWER)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"

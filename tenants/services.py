@@ -1,0 +1,116 @@
+"""Writes to tenant-owned rows: keyword-only, typed, named ``<entity>_<action>`` (STYLE.md rule 7)."""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Tenant, Upstream
+
+_PREFIX_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_raw_api_key() -> tuple[str, str]:
+    """A fresh ``(prefix, raw_key)``: ``tr-<12 lowercase alphanumerics>-<43 urlsafe chars>``."""
+    prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(12))
+    return prefix, f"{API_KEY_PREFIX}-{prefix}-{secrets.token_urlsafe(32)}"
+
+
+def api_key_create(*, tenant: Tenant, name: str, expires: datetime | None = None) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant``; return the row and the raw key (shown once, never stored)."""
+    prefix, raw = new_raw_api_key()
+    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, digest=ApiKey.compute_digest(raw),
+                                expires=expires)
+    return key, raw
+
+
+def api_key_revoke(*, key: ApiKey) -> ApiKey:
+    """Revoke ``key`` now (idempotent). Running processes refuse it within ``AUTH_CACHE_SECONDS``."""
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+def api_key_touch(*, key: ApiKey) -> None:
+    """Record use of ``key`` at most once per ``API_KEY_TOUCH_SECONDS`` (one UPDATE, no read-modify-write)."""
+    now = timezone.now()
+    if key.last_used is None or now - key.last_used > timedelta(seconds=settings.API_KEY_TOUCH_SECONDS):
+        ApiKey.objects.filter(pk=key.pk).update(last_used=now)
+        key.last_used = now
+
+
+def tenant_ensure(*, name: str) -> tuple[Tenant, bool]:
+    """The tenant called ``name`` (slug derived), created if missing; returns ``(tenant, created)``."""
+    tenant = Tenant.objects.filter(name=name).first()
+    if tenant is not None:
+        return tenant, False
+    slug = slugify(name) or "tenant"
+    base, n = slug, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return Tenant.objects.create(name=name, slug=slug), True
+
+
+def upstream_upsert(*, tenant: Tenant, name: str, base_url: str, credential: str | None = None,
+                    extra_headers: dict[str, str] | None = None) -> Upstream:
+    """Create or update the tenant's upstream ``name``; ``credential`` None keeps the stored one."""
+    upstream = Upstream.objects.filter(tenant=tenant, name=name).first() or Upstream(tenant=tenant, name=name)
+    upstream.base_url = base_url.rstrip("/")
+    if credential is not None:
+        upstream.set_credential(credential)
+    if extra_headers is not None:
+        upstream.set_extra_headers(extra_headers)
+    upstream.full_clean()
+    upstream.save()
+    return upstream
+
+
+def route_upsert(*, tenant: Tenant, public_name: str, upstream: Upstream, upstream_model: str = "",
+                 max_output_tokens: int | None = None) -> ModelRoute:
+    """Create or update the tenant's route for ``public_name``."""
+    if upstream.tenant_id != tenant.pk:
+        raise ValueError("the upstream belongs to another tenant")
+    route, _ = ModelRoute.objects.update_or_create(
+        tenant=tenant, public_name=public_name,
+        defaults={"upstream": upstream, "upstream_model": upstream_model, "max_output_tokens": max_output_tokens},
+    )
+    return route
+
+
+@dataclass(frozen=True, slots=True)
+class Provisioned:
+    """What ``provision`` did: the tenant, its default upstream, whether it was new, and a new key."""
+
+    tenant: Tenant
+    upstream: Upstream
+    created: bool
+    api_key: ApiKey | None
+    raw_key: str | None
+
+
+@transaction.atomic
+def provision(*, tenant_name: str, upstream_url: str, upstream_key: str | None = None,
+              routes: dict[str, str] | None = None, new_key: bool = True) -> Provisioned:
+    """Create or update a tenant, its ``default`` upstream and routes, idempotently.
+
+    ``routes`` maps public model names to upstream model names. When ``new_key`` a fresh API key
+    is created and returned (raw, once).
+    """
+    tenant, created = tenant_ensure(name=tenant_name)
+    upstream = upstream_upsert(tenant=tenant, name="default", base_url=upstream_url, credential=upstream_key)
+    if tenant.default_upstream_id != upstream.pk:
+        tenant.default_upstream = upstream
+        tenant.save(update_fields=["default_upstream"])
+    for public, target in (routes or {}).items():
+        route_upsert(tenant=tenant, public_name=public, upstream=upstream, upstream_model=target)
+    key, raw = api_key_create(tenant=tenant, name="provisioned") if new_key else (None, None)
+    return Provisioned(tenant, upstream, created, key, raw)
