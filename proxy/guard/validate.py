@@ -1,0 +1,233 @@
+"""Validate a finished turn against the tools the client declared, applying allowed repairs.
+
+A tool call reaches the client only when its name is declared and its arguments are a JSON object
+that satisfies the declared JSON Schema (ARCHITECTURE.md, invariants). Everything else is a fatal
+finding (``Action.RETRY``); every repair is a ``Severity.WARNING`` / ``Action.REPAIRED`` finding.
+
+Argument serialisation: valid arguments are re-serialised as strict, compact JSON,
+``json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)``. Compact so
+every call has one canonical text (the emitter slices it into deltas); ``ensure_ascii=False``
+because the SSE envelope is ASCII-escaped anyway (PROTOCOLS.md 0.7) and the argument string a
+client sees after decoding stays the model's own text. Numbers pass through Python ``float``
+(what JavaScript and Python clients parse them to anyway); duplicate keys keep the last value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+from jsonschema import Draft7Validator, Draft202012Validator
+from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
+from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, Turn
+
+_DETAIL_CAP = 500
+
+
+def serialise_arguments(value: Any) -> str:
+    """The canonical argument text for a parsed value (see the module docstring)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def check_turn(turn: Turn, request: RequestSpec, policy: GuardPolicy) -> tuple[Turn, list[Finding]]:
+    """Check every tool call of every choice; return the repaired turn and all findings.
+
+    Per call (findings carry ``choice`` and ``slot``): truncated arguments under
+    ``finish_reason: length`` (C24, ``TRUNCATED_ARGUMENTS_LENGTH``), undeclared / prefixed names
+    (C46), argument repairs (C20, C21, C23), ``ARGUMENTS_NOT_JSON``, ``ARGUMENTS_NOT_OBJECT``,
+    ``SCHEMA_VIOLATION`` (``jsonschema``; a broken client schema counts as none and is reported
+    as ``TOOL_SCHEMA_INVALID`` info). Per choice: ``tool_choice`` and ``parallel_tool_calls``.
+    The input turn is not mutated; calls that fail keep their raw name and arguments.
+    """
+    checker = _Checker(request, policy)
+    choices = [checker.choice(c) for c in turn.choices]
+    return replace(turn, choices=choices), checker.findings
+
+
+@dataclass(slots=True)
+class _Checker:
+    """Per-turn state: the request, the policy, findings so far, schemas already reported broken."""
+
+    request: RequestSpec
+    policy: GuardPolicy
+    findings: list[Finding] = field(default_factory=list)
+    broken: set[str] = field(default_factory=set)
+
+    def choice(self, choice: ChoiceTurn) -> ChoiceTurn:
+        """The choice with every call checked, plus its ``tool_choice`` / parallel findings."""
+        calls = [self.call(call, choice, slot) for slot, call in enumerate(choice.tool_calls)]
+        self.tool_choice(choice.index, calls)
+        return replace(choice, tool_calls=calls)
+
+    def call(self, call: ToolCall, choice: ChoiceTurn, slot: int) -> ToolCall:
+        """One call checked: the repaired call when valid, else the call unchanged."""
+        raw = call.arguments if call.arguments.strip() else self.blank(choice.index, slot)
+        parsed = parse_arguments(raw, self.policy)
+        if not parsed.ok:
+            self.not_json(choice, slot, parsed.error)
+            return call
+        name = self.name(call.name, choice.index, slot)
+        if name is None:
+            return call
+        for fix in parsed.repairs:
+            self.repaired(fix.repair, fix.detail, choice.index, slot)
+        if not isinstance(parsed.value, dict):
+            self.fatal(FindingKind.ARGUMENTS_NOT_OBJECT, f"arguments are a JSON {_json_type(parsed.value)}, "
+                       "not an object", choice.index, slot)
+            return call
+        value = self.schema_check(name, parsed.value, choice.index, slot)
+        if value is None:
+            return call
+        return ToolCall(call.id, name, serialise_arguments(value), dict(call.extra))
+
+    def blank(self, choice: int, slot: int) -> str:
+        """Empty arguments mean no arguments (C19; normally the accumulator's job)."""
+        self.findings.append(Finding(FindingKind.EMPTY_ARGUMENTS_FOR_NO_ARG_TOOL, Severity.INFO,
+                                     Action.NORMALIZED, "empty arguments read as {}", choice, slot))
+        return "{}"
+
+    def not_json(self, choice: ChoiceTurn, slot: int, error: str) -> None:
+        """Unparseable arguments: truncation when the choice hit the length limit (C24)."""
+        if choice.finish_reason == "length":
+            self.fatal(FindingKind.TRUNCATED_ARGUMENTS_LENGTH,
+                       f"arguments cut off by finish_reason length ({error})", choice.index, slot)
+        else:
+            self.fatal(FindingKind.ARGUMENTS_NOT_JSON, f"arguments are not JSON ({error})",
+                       choice.index, slot)
+
+    def name(self, name: str, choice: int, slot: int) -> str | None:
+        """The declared name ``name`` resolves to, reporting a repair or a fatal finding."""
+        resolved = resolve_name(name, self.request.names, self.policy)
+        if resolved is None:
+            self.fatal(FindingKind.UNDECLARED_OR_PREFIXED_TOOL_NAME,
+                       f"tool {_quote(name)} is not declared", choice, slot)
+        elif resolved != name:
+            self.repaired(Repair.NAME_PREFIX, f"tool {_quote(name)} resolved to {_quote(resolved)}",
+                          choice, slot)
+        return resolved
+
+    def schema_check(self, name: str, value: dict[str, Any], choice: int, slot: int) -> dict[str, Any] | None:
+        """``value`` unwrapped (C20) and validated against ``name``'s schema; None on a violation."""
+        schema = self.schema(name, choice, slot)
+        if schema is None:
+            return value
+        if self.policy.allows(Repair.DOUBLE_ENCODED):
+            value, paths = unwrap_double_encoded(value, schema)
+            for path in paths:
+                self.repaired(Repair.DOUBLE_ENCODED, f"unwrapped JSON string at {path}", choice, slot)
+        problem = _violation(schema, value)
+        if problem is None:
+            return value
+        self.fatal(FindingKind.SCHEMA_VIOLATION, f"{name}: {problem}", choice, slot)
+        return None
+
+    def schema(self, name: str, choice: int, slot: int) -> dict[str, Any] | None:
+        """The usable schema of tool ``name`` (None: no schema, or broken and reported once)."""
+        spec = next((t for t in self.request.tools if t.name == name), None)
+        if spec is None or spec.parameters is None:
+            return None
+        problem = _schema_problem(_schema_key(spec.parameters))
+        if problem is None:
+            return spec.parameters
+        if name not in self.broken:
+            self.broken.add(name)
+            self.findings.append(Finding(FindingKind.TOOL_SCHEMA_INVALID, Severity.INFO, Action.IGNORED,
+                                         f"{name}: schema not usable, not validated ({problem})",
+                                         choice, slot))
+        return None
+
+    def tool_choice(self, choice: int, calls: list[ToolCall]) -> None:
+        """``tool_choice`` (required / none / a named function) and ``parallel_tool_calls``."""
+        wanted = self.request.tool_choice
+        if wanted == "required" and not calls:
+            self.fatal(FindingKind.TOOL_CHOICE_VIOLATION, "tool_choice required but no tool call", choice)
+        elif wanted == "none" and calls:
+            self.fatal(FindingKind.TOOL_CHOICE_VIOLATION, "tool_choice none but a tool was called", choice, 0)
+        elif wanted not in ("auto", "required", "none") and all(c.name != wanted for c in calls):
+            self.fatal(FindingKind.TOOL_CHOICE_VIOLATION, f"tool_choice forces {_quote(wanted)}, not called",
+                       choice)
+        if not self.request.parallel_tool_calls and len(calls) > 1:
+            self.fatal(FindingKind.PARALLEL_TOOL_CALLS_VIOLATION,
+                       f"parallel_tool_calls false but {len(calls)} calls", choice, 1)
+
+    def repaired(self, repair: Repair, detail: str, choice: int, slot: int) -> None:
+        """Record one applied repair."""
+        self.findings.append(Finding(REPAIR_KINDS[repair], Severity.WARNING, Action.REPAIRED, detail,
+                                     choice, slot))
+
+    def fatal(self, kind: FindingKind, detail: str, choice: int, slot: int | None = None) -> None:
+        """Record a finding that makes the attempt unusable."""
+        self.findings.append(Finding(kind, Severity.ERROR, Action.RETRY, detail[:_DETAIL_CAP], choice, slot))
+
+
+def _schema_key(schema: dict[str, Any]) -> str:
+    """A cache key for a schema: its canonical JSON text."""
+    return json.dumps(schema, sort_keys=True, default=repr)
+
+
+@lru_cache(maxsize=512)
+def _compiled(key: str) -> Validator | str:
+    """A checked validator for the schema with JSON text ``key``, or why it is unusable.
+
+    Draft 2020-12 unless ``$schema`` names another; a schema without ``$schema`` that is only
+    valid as draft 7 (tuple ``items``) gets draft 7. Never fetches remote ``$ref`` (jsonschema's
+    ``referencing`` has no retriever configured), so validation stays I/O-free.
+    """
+    schema = json.loads(key)
+    classes = [validator_for(schema, default=Draft202012Validator)]
+    if isinstance(schema, dict) and "$schema" not in schema:
+        classes.append(Draft7Validator)
+    problem = "not a JSON Schema"
+    for cls in classes:
+        try:
+            cls.check_schema(schema)
+            return cls(schema)
+        except Exception as exc:  # noqa: BLE001 -- client schemas are arbitrary; never crash on one
+            problem = _short(exc)
+    return problem
+
+
+def _schema_problem(key: str) -> str | None:
+    """Why the schema with text ``key`` is unusable, or None when it compiles."""
+    compiled = _compiled(key)
+    return compiled if isinstance(compiled, str) else None
+
+
+def _violation(schema: dict[str, Any], value: dict[str, Any]) -> str | None:
+    """The most relevant validation error for ``value`` ("message at path"), or None when valid."""
+    compiled = _compiled(_schema_key(schema))
+    if isinstance(compiled, str):
+        return None
+    try:
+        error = best_match(compiled.iter_errors(value))
+    except Exception:  # noqa: BLE001 -- e.g. an unresolvable $ref or bad regex only seen at validation time
+        return None
+    return None if error is None else f"{_short(error.message)} at {error.json_path}"
+
+
+def _short(exc: object) -> str:
+    """The first line of an error text, capped."""
+    text = getattr(exc, "message", None) or str(exc)
+    return str(text).splitlines()[0][:200] if str(text) else type(exc).__name__
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type name of a parsed value."""
+    return _JSON_TYPES.get(type(value), "value")
+
+
+_JSON_TYPES = {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+               type(None): "null"}
+
+
+def _quote(name: str) -> str:
+    """``name`` quoted and capped for a finding sentence."""
+    return json.dumps(name[:100])
