@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -68,6 +69,11 @@ class Tenant(PolicyFields):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """The default upstream must be one of this tenant's own (its credential is the tenant's)."""
+        if self.default_upstream_id and self.pk and self.default_upstream.tenant_id != self.pk:
+            raise ValidationError({"default_upstream": "Choose one of this tenant's upstreams."})
 
     def policy(self, overrides: dict[str, Any] | None = None) -> GuardPolicy:
         """The effective GuardPolicy: product defaults < tenant values < ``overrides`` (a route's)."""
@@ -222,6 +228,11 @@ class ModelRoute(PolicyFields):
     def __str__(self) -> str:
         return f"{self.public_name} -> {self.upstream.name}:{self.upstream_model or self.public_name}"
 
+    def clean(self) -> None:
+        """A route may only send traffic to an upstream of its own tenant (whose credential it uses)."""
+        if self.upstream_id and self.tenant_id and self.upstream.tenant_id != self.tenant_id:
+            raise ValidationError({"upstream": "Choose an upstream of the route's tenant."})
+
     @property
     def is_glob(self) -> bool:
         return any(ch in self.public_name for ch in "*?[")
@@ -248,6 +259,11 @@ class RouteFallback(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.position} {self.upstream.name}:{self.model or '(same)'}"
+
+    def clean(self) -> None:
+        """A fallback may only use an upstream of the route's tenant."""
+        if self.upstream_id and self.route_id and self.upstream.tenant_id != self.route.tenant_id:
+            raise ValidationError({"upstream": "Choose an upstream of the route's tenant."})
 
 
 class Membership(models.Model):

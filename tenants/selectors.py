@@ -144,6 +144,8 @@ def _snapshot(key: ApiKey) -> TenantSnapshot:
     routes = []
     for route in ModelRoute.objects.filter(tenant=tenant).select_related("upstream").prefetch_related(
             "fallbacks__upstream"):
+        if route.upstream.tenant_id != tenant.pk:  # never another tenant's upstream (and credential)
+            continue
         targets = ((route.upstream, route.upstream_model),
                    *((fb.upstream, fb.model or route.upstream_model) for fb in route.fallbacks.all()
                      if fb.upstream.tenant_id == tenant.pk))
