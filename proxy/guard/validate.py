@@ -182,17 +182,22 @@ def _compiled(key: str) -> Validator | str:
     ``referencing`` has no retriever configured), so validation stays I/O-free.
     """
     schema = json.loads(key)
-    classes = [validator_for(schema, default=Draft202012Validator)]
-    if isinstance(schema, dict) and "$schema" not in schema:
-        classes.append(Draft7Validator)
-    problem = "not a JSON Schema"
-    for cls in classes:
+    problem = "$schema is not a URI string"
+    for cls in _validator_classes(schema):
         try:
             cls.check_schema(schema)
             return cls(schema)
         except Exception as exc:  # noqa: BLE001 -- client schemas are arbitrary; never crash on one
             problem = _short(exc)
     return problem
+
+
+def _validator_classes(schema: Any) -> list[type[Validator]]:
+    """The validator classes to try for ``schema``, by its ``$schema`` (none when that is not text)."""
+    declared = schema.get("$schema") if isinstance(schema, dict) else None
+    if declared is None:
+        return [Draft202012Validator, Draft7Validator]
+    return [validator_for(schema, default=Draft202012Validator)] if isinstance(declared, str) else []
 
 
 def _schema_problem(key: str) -> str | None:
