@@ -6,6 +6,8 @@ and the reports. Finding kinds are ``proxy.guard.findings.FindingKind`` values, 
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 from django.utils import timezone
 
@@ -31,6 +33,8 @@ class ProxyRequest(models.Model):
         CLIENT_CANCELLED = "client-cancelled"
         REJECTED = "rejected"  # refused before any upstream call (bad request, unknown model)
 
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False,
+                          help_text="Also the x-request-id the client sees; generated before any write.")
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey("tenants.ApiKey", null=True, on_delete=models.SET_NULL, related_name="+")
     route = models.ForeignKey("tenants.ModelRoute", null=True, on_delete=models.SET_NULL, related_name="+")

@@ -116,6 +116,8 @@ def _database() -> dict[str, object]:
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["CONN_MAX_AGE"] = 0
         config["OPTIONS"] = {"timeout": 20}
+        # A file, not memory, so an end-to-end test's Daphne process sees the test database.
+        config["TEST"] = {"NAME": str(VAR_DIR / "test-toolrelay.sqlite3")}
     return config
 
 

@@ -1,5 +1,14 @@
-"""``/v1/*`` routes to the proxy consumers (query strings are ignored by the router)."""
+"""``/v1/*`` routes to the proxy consumers. The router matches the path only, so query strings
+(Claude Code's ``/v1/messages?beta=true``) are ignored."""
 
 from __future__ import annotations
 
-proxy_urlpatterns: list = []
+from django.urls import re_path
+
+from proxy.consumers import ChatCompletionsConsumer, ModelsConsumer, ProxyConsumer
+
+proxy_urlpatterns = [
+    re_path(r"^v1/chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
+    re_path(r"^v1/models/?$", ModelsConsumer.as_asgi()),
+    re_path(r"^v1/", ProxyConsumer.as_asgi()),
+]

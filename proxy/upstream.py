@@ -1,0 +1,159 @@
+"""The upstream HTTP seam: one ``httpx.AsyncClient`` per process, streams opened in context managers.
+
+Upstream credentials are decrypted here and nowhere else on the request path. Timeouts are the
+upstream's own (``tenants.Upstream``): ``connect_timeout`` for the TCP/TLS connect,
+``first_byte_timeout`` until the response headers and first body bytes, ``idle_timeout`` between two
+body reads. httpx's own read timeout is only a backstop: the relay enforces first-byte and idle
+deadlines itself (perf-anchors.md 2.4: the 5 s httpx defaults kill quiet reasoning streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+
+from tenants import crypto
+from tenants.selectors import UpstreamTarget
+
+USER_AGENT = "toolrelay/0.1"
+#: Bytes of a non-200 upstream body kept for the error message and classification.
+ERROR_BODY_CAP = 64 * 1024
+
+
+class UpstreamTimeout(Exception):
+    """The upstream did not answer within a first-byte or idle deadline. ``phase`` says which."""
+
+    def __init__(self, phase: str, seconds: float) -> None:
+        super().__init__(f"no {phase} from the upstream within {seconds:g} s")
+        self.phase = phase
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream could not be reached (connect refused, DNS, TLS, connection reset)."""
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """An open upstream response: ``status``, ``headers`` and an async iterator of raw body chunks."""
+
+    status: int
+    headers: httpx.Headers
+    _response: httpx.Response
+    _idle: float
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Raw body chunks as they arrive (no re-chunking: ``aiter_raw()`` without ``chunk_size``).
+
+        Raises ``UpstreamTimeout`` when ``idle_timeout`` passes between two chunks and
+        ``UpstreamUnavailable`` when the connection breaks mid-body.
+        """
+        iterator = self._response.aiter_raw()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(loop.time() + self._idle) as deadline:
+                async for chunk in iterator:
+                    # No deadline while the consumer holds the chunk: a timeout must only ever
+                    # interrupt the upstream read, never the relay's own work between reads.
+                    deadline.reschedule(None)
+                    yield chunk
+                    deadline.reschedule(loop.time() + self._idle)
+        except TimeoutError:
+            raise UpstreamTimeout("data", self._idle) from None
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"the upstream connection broke: {type(exc).__name__}") from exc
+
+    async def read_capped(self, cap: int = ERROR_BODY_CAP) -> bytes:
+        """Up to ``cap`` bytes of the body (for error answers)."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= cap:
+                break
+        return b"".join(parts)[:cap]
+
+
+@functools.lru_cache(maxsize=256)
+def _decrypted(token: str) -> str:
+    return crypto.decrypt(token) if token else ""
+
+
+@functools.lru_cache(maxsize=256)
+def _decrypted_headers(token: str) -> tuple[tuple[str, str], ...]:
+    return tuple(json.loads(crypto.decrypt(token)).items()) if token else ()
+
+
+def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
+    """Headers for an upstream call: the decrypted credential as a Bearer token, extra headers, JSON."""
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT,
+               "accept": "text/event-stream" if stream else "application/json"}
+    credential = _decrypted(target.credential_encrypted)
+    if credential:
+        headers["authorization"] = f"Bearer {credential}"
+    headers.update(_decrypted_headers(target.extra_headers_encrypted))
+    return headers
+
+
+class UpstreamClient:
+    """The process-wide upstream client. ``transport`` may be injected (tests use ``httpx.MockTransport``)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        limits = httpx.Limits(max_connections=settings.UPSTREAM_MAX_CONNECTIONS,
+                              max_keepalive_connections=settings.UPSTREAM_MAX_KEEPALIVE, keepalive_expiry=30)
+        # The pool timeout bounds waiting for a free connection; read deadlines are enforced per phase.
+        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+        self._client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport, trust_env=False)
+
+    @contextlib.asynccontextmanager
+    async def open(self, target: UpstreamTarget, body: bytes, *, stream: bool) -> AsyncIterator[UpstreamResponse]:
+        """POST ``body`` to ``{base_url}/chat/completions`` and yield the open response.
+
+        The response is closed when the context exits, also on cancellation (client disconnect).
+        Raises ``UpstreamTimeout`` (first byte) and ``UpstreamUnavailable`` (connect errors).
+        """
+        request = self._client.build_request(
+            "POST", f"{target.base_url}/chat/completions", content=body,
+            headers=request_headers(target, stream=stream),
+            extensions={"timeout": {"connect": target.connect_timeout, "read": None, "write": 30.0, "pool": 30.0}},
+        )
+        try:
+            async with asyncio.timeout(target.first_byte_timeout):
+                response = await self._client.send(request, stream=True)
+        except TimeoutError:
+            raise UpstreamTimeout("response", target.first_byte_timeout) from None
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("connection", target.connect_timeout) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from exc
+        try:
+            yield UpstreamResponse(response.status_code, response.headers, response, target.idle_timeout)
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+_client: UpstreamClient | None = None
+
+
+def get_client() -> UpstreamClient:
+    """The process's UpstreamClient (created on first use, inside the running event loop)."""
+    global _client
+    if _client is None:
+        _client = UpstreamClient()
+    return _client
+
+
+def set_client(client: UpstreamClient | None) -> None:
+    """Replace the process client (tests inject one with a MockTransport)."""
+    global _client
+    _client = client

@@ -1,0 +1,159 @@
+"""End-to-end fixtures: the proxy served by a real Daphne process, the simulator as its upstream,
+the test database (Postgres in CI) shared between this process and Daphne.
+
+Rows are created and read outside test transactions (``django_db_blocker.unblock()``), so the Daphne
+process sees them; every test makes its own tenant, so tests do not depend on each other.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+
+from proxy.simulator import start_in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Short-lived auth cache so a revoked key is refused quickly in the tests.
+AUTH_CACHE_SECONDS = "1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _database_url() -> str:
+    settings = connection.settings_dict
+    if settings["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings['NAME']}"
+    user = settings.get("USER") or ""
+    password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = settings.get("HOST") or "127.0.0.1"
+    port = settings.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def simulator() -> Iterator[Any]:
+    """The fault-injecting upstream, in a thread of this process."""
+    sim = start_in_thread(host="127.0.0.1", port=0)
+    yield sim
+    sim.stop()
+
+
+@dataclass
+class ProxyServer:
+    """A running Daphne serving ``config.asgi:application``."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+
+@pytest.fixture(scope="session")
+def proxy_server(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[ProxyServer]:
+    """Daphne on a free port, against the test database."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with django_db_blocker.unblock():
+        database_url = _database_url()
+    env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
+           "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
+           "LOG_LEVEL": "WARNING"}
+    handle = log.open("wb")
+    process = subprocess.Popen(  # noqa: S603 - fixed argv
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+    )
+    server = ProxyServer(f"http://127.0.0.1:{port}", process, log)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        handle.close()
+
+
+def _wait_ready(server: ProxyServer) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"daphne exited: {server.log.read_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"daphne did not become ready: {server.log.read_text()}")
+
+
+@dataclass
+class TenantFixture:
+    """A provisioned tenant: its row, its raw API key and the proxy base URL for OpenAI clients."""
+
+    tenant: Any
+    api_key: str
+    base_url: str
+    upstream: Any
+
+
+@pytest.fixture
+def make_tenant(proxy_server: ProxyServer, simulator: Any, django_db_blocker: Any
+                ) -> Callable[..., TenantFixture]:
+    """Provision a fresh tenant whose default upstream is the simulator (``upstream_key`` its credential)."""
+
+    def make(*, upstream_key: str = "sk-sim-upstream-key", **policy: Any) -> TenantFixture:
+        from tenants.services import provision
+
+        with django_db_blocker.unblock():
+            done = provision(tenant_name=f"t-{uuid.uuid4().hex[:10]}", upstream_url=simulator.url,
+                             upstream_key=upstream_key)
+            if policy:
+                for name, value in policy.items():
+                    setattr(done.tenant, name, value)
+                done.tenant.save()
+        return TenantFixture(done.tenant, done.raw_key or "", proxy_server.v1, done.upstream)
+
+    return make
+
+
+@pytest.fixture
+def audit_rows(django_db_blocker: Any) -> Callable[..., Any]:
+    """Wait for the proxy's background audit write of request ``request_id`` and return the row."""
+
+    def fetch(request_id: str, *, timeout: float = 10.0) -> Any:
+        from audit.models import ProxyRequest
+
+        deadline = time.monotonic() + timeout
+        with django_db_blocker.unblock():
+            while time.monotonic() < deadline:
+                row = ProxyRequest.objects.filter(id=request_id).exclude(outcome="pending").first()
+                if row is not None:
+                    return row
+                time.sleep(0.05)
+        raise AssertionError(f"no finished audit row for request {request_id}")
+
+    return fetch

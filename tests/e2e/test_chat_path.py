@@ -1,0 +1,229 @@
+"""The chat path over real sockets: pass-through bytes, live text, disconnects, upstream failures,
+tenant isolation, key revocation and error shapes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
+WEATHER_TOOL = json.loads((CASES_DIR / "C01.json").read_text())["request_tools"]
+
+
+def _marker_messages() -> tuple[list[dict[str, str]], str]:
+    marker = uuid.uuid4().hex
+    return [{"role": "user", "content": f"hello [{marker}]"}], marker
+
+
+def _calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
+    return [r for r in simulator.stats() if marker in json.dumps(r.get("body", {}))]
+
+
+def _post(tenant: Any, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    return httpx.post(f"{tenant.base_url}/chat/completions", json=body, timeout=30,
+                      headers={"authorization": f"Bearer {tenant.api_key}"}, **kwargs)
+
+
+def test_it_passes_tool_less_streams_through_byte_for_byte(make_tenant: Any, audit_rows: Any) -> None:
+    tenant = make_tenant()
+    case = json.loads((CASES_DIR / "C40.json").read_text())
+    messages, _ = _marker_messages()
+    response = _post(tenant, {"model": "case:C40", "messages": messages, "stream": True})
+    assert response.status_code == 200
+    assert response.content == case["raw_sse"].encode()
+    assert audit_rows(response.headers["x-request-id"]).path == "pass-through"
+
+
+def test_it_streams_text_live_in_guarded_requests(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    messages, _ = _marker_messages()
+    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0)
+    started = time.monotonic()
+    first_text = None
+    stream = client.chat.completions.create(model="gen:text=1:calls=0:frames=15:frame=100:corrupt=0",
+                                            messages=messages, tools=WEATHER_TOOL, stream=True)
+    for chunk in stream:
+        if first_text is None and chunk.choices and chunk.choices[0].delta.content:
+            first_text = time.monotonic() - started
+    total = time.monotonic() - started
+    assert first_text is not None
+    assert total > 1.2, "the upstream paces 15 frames at 100 ms"
+    assert first_text < total - 1.0, "text reached the client long before the upstream finished"
+
+
+@pytest.mark.parametrize("tools", [None, WEATHER_TOOL], ids=["pass-through", "guarded"])
+def test_it_closes_the_upstream_promptly_when_the_client_leaves(tools: Any, make_tenant: Any, simulator: Any,
+                                                                 audit_rows: Any) -> None:
+    tenant = make_tenant()
+    messages, marker = _marker_messages()
+    body: dict[str, Any] = {"model": "slow:200:frame=100", "messages": messages, "stream": True}
+    if tools:
+        body["tools"] = tools
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{tenant.base_url}/chat/completions", json=body,
+                           headers={"authorization": f"Bearer {tenant.api_key}"}) as response:
+            request_id = response.headers["x-request-id"]
+            seen = 0
+            for _ in response.iter_raw():
+                seen += 1
+                if seen >= 3:
+                    break
+            left_at = time.monotonic()
+    deadline = time.monotonic() + 3
+    closed = None
+    while time.monotonic() < deadline and closed is None:
+        records = _calls(simulator, marker)
+        closed = records[0].get("client_closed_at") if records else None
+        time.sleep(0.02)
+    assert closed is not None, "the upstream connection was closed"
+    assert closed - left_at <= 0.5
+    assert audit_rows(request_id).outcome == "client-cancelled"
+
+
+def test_it_retries_429_honouring_retry_after_then_fails_cleanly(make_tenant: Any, simulator: Any,
+                                                                 audit_rows: Any) -> None:
+    tenant = make_tenant()
+    messages, marker = _marker_messages()
+    started = time.monotonic()
+    response = _post(tenant, {"model": "http:429:retry-after=0.3", "messages": messages, "stream": True,
+                              "tools": WEATHER_TOOL})
+    assert response.status_code == 429
+    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-request-id"] in response.json()["error"]["message"]
+    assert len(_calls(simulator, marker)) == 3
+    assert time.monotonic() - started >= 0.6, "two Retry-After waits of 0.3 s"
+    row = audit_rows(response.headers["x-request-id"])
+    assert (row.outcome, row.attempts) == ("upstream-error", 3)
+
+
+@pytest.mark.parametrize("scenario", ["http:500:broken=1", "drop-after=2:broken=1", "http:503:broken=2"])
+def test_it_recovers_from_transient_upstream_failures(scenario: str, make_tenant: Any, simulator: Any,
+                                                      audit_rows: Any) -> None:
+    tenant = make_tenant()
+    messages, marker = _marker_messages()
+    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0)
+    with client.chat.completions.stream(model=f"gen:calls=1:{scenario}", messages=messages,
+                                        tools=WEATHER_TOOL) as stream:
+        for _ in stream:
+            pass
+        completion = stream.get_final_completion()
+        request_id = stream.response.headers["x-request-id"]
+    assert completion.choices[0].message.tool_calls
+    assert audit_rows(request_id).outcome == "recovered-by-retry"
+    assert len(_calls(simulator, marker)) == int(scenario.rsplit("=", 1)[1]) + 1
+
+
+def test_it_gives_a_clean_error_when_the_upstream_is_unreachable(make_tenant: Any, django_db_blocker: Any,
+                                                                  audit_rows: Any) -> None:
+    tenant = make_tenant()
+    with django_db_blocker.unblock():
+        tenant.upstream.base_url = "http://127.0.0.1:9/v1"  # discard port: connection refused
+        tenant.upstream.save()
+    time.sleep(1.2)  # the proxy's auth cache
+    messages, _ = _marker_messages()
+    response = _post(tenant, {"model": "m", "messages": messages, "stream": True, "tools": WEATHER_TOOL})
+    assert response.status_code == 502
+    assert response.headers["x-should-retry"] == "false"
+    row = audit_rows(response.headers["x-request-id"])
+    assert (row.outcome, row.attempts) == ("upstream-error", 3)
+
+
+@pytest.mark.parametrize(("field", "scenario"), [("first_byte_timeout", "stall-first-byte=3000"),
+                                                  ("idle_timeout", "stall-after=0:ms=3000")])
+def test_it_times_out_a_silent_upstream(field: str, scenario: str, make_tenant: Any, django_db_blocker: Any,
+                                        audit_rows: Any, simulator: Any) -> None:
+    tenant = make_tenant()
+    with django_db_blocker.unblock():
+        setattr(tenant.upstream, field, 0.3)
+        tenant.upstream.save()
+    time.sleep(1.2)
+    messages, marker = _marker_messages()
+    started = time.monotonic()
+    response = _post(tenant, {"model": f"gen:calls=1:{scenario}", "messages": messages, "stream": True,
+                              "tools": WEATHER_TOOL})
+    assert response.status_code == 504
+    assert time.monotonic() - started < 2.5
+    assert len(_calls(simulator, marker)) == 3
+    row = audit_rows(response.headers["x-request-id"])
+    assert (row.outcome, row.attempts) == ("upstream-error", 3)
+
+
+def test_it_keeps_tenants_apart(make_tenant: Any, simulator: Any) -> None:
+    tenant_a = make_tenant(upstream_key="sk-tenant-a-secret")
+    tenant_b = make_tenant(upstream_key="sk-tenant-b-secret")
+    messages, marker = _marker_messages()
+    response = _post(tenant_a, {"model": "gen:calls=0:text=1", "messages": messages, "stream": False})
+    assert response.status_code == 200
+    [call] = _calls(simulator, marker)
+    expected = hashlib.sha256(b"sk-tenant-a-secret").hexdigest()
+    other = hashlib.sha256(b"sk-tenant-b-secret").hexdigest()
+    assert call["authorization_sha256"] in (expected, expected[:16])
+    assert other[:16] not in json.dumps(call)
+    models_a = httpx.get(f"{tenant_a.base_url}/models", headers={"authorization": f"Bearer {tenant_a.api_key}"})
+    assert models_a.json()["object"] == "list"
+    assert tenant_b.tenant.slug not in models_a.text
+
+
+def test_it_refuses_a_revoked_key_without_restart(make_tenant: Any, django_db_blocker: Any) -> None:
+    from tenants.models import ApiKey
+    from tenants.services import api_key_revoke
+
+    tenant = make_tenant()
+    messages, _ = _marker_messages()
+    body = {"model": "gen:calls=0:text=1", "messages": messages}
+    assert _post(tenant, body).status_code == 200
+    with django_db_blocker.unblock():
+        api_key_revoke(key=ApiKey.objects.get(tenant=tenant.tenant))
+    time.sleep(1.3)
+    refused = _post(tenant, body)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    (b"{not json", 400, None),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model"),
+    (b'{"model": "m"}', 400, "messages"),
+    (b'{"model": "m", "messages": [{"role":"user","content":"x"}], "n": 0}', 400, "n"),
+])
+def test_it_rejects_malformed_requests_in_openai_format(body: bytes, status: int, param: str | None,
+                                                        make_tenant: Any) -> None:
+    tenant = make_tenant()
+    response = httpx.post(f"{tenant.base_url}/chat/completions", content=body,
+                          headers={"authorization": f"Bearer {tenant.api_key}", "content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert response.headers["x-request-id"] in error["message"]
+
+
+def test_it_maps_auth_and_routing_errors(make_tenant: Any, django_db_blocker: Any, proxy_server: Any) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert httpx.post(f"{proxy_server.v1}/chat/completions", json=body,
+                      headers={"authorization": "Bearer tr-nope-nope"}).status_code == 401
+    assert httpx.post(f"{proxy_server.v1}/chat/completions?beta=1", json=body,
+                      headers={"x-api-key": "garbage"}).status_code == 401
+    tenant = make_tenant()
+    with django_db_blocker.unblock():
+        tenant.tenant.default_upstream = None
+        tenant.tenant.save()
+    time.sleep(1.2)
+    unknown = _post(tenant, body)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+    with django_db_blocker.unblock():
+        tenant.tenant.active = False
+        tenant.tenant.save()
+    time.sleep(1.2)
+    assert _post(tenant, body).status_code == 403
+    too_big = httpx.post(f"{tenant.base_url}/chat/completions", content=b"x" * (33 * 1024 * 1024),
+                         headers={"authorization": f"Bearer {tenant.api_key}"}, timeout=30)
+    assert too_big.status_code == 413
