@@ -31,13 +31,15 @@ def _default_repairs() -> list[str]:
 class PolicyFields(models.Model):
     """Guard policy columns; on Tenant they are the defaults, on ModelRoute nullable overrides."""
 
-    max_retries = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Upstream retries after the first attempt.")
+    max_retries = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                   help_text="Upstream retries after the first attempt.")
     stream_text = models.BooleanField(null=True, blank=True, help_text="Stream text live in guarded requests.")
-    early_abort = models.BooleanField(null=True, blank=True, help_text="Stop reading a provably broken attempt at once.")
+    early_abort = models.BooleanField(null=True, blank=True,
+                                      help_text="Stop reading a provably broken attempt at once.")
     exhaustion = models.CharField(max_length=16, choices=[(e.value, e.value) for e in Exhaustion], blank=True,
                                   help_text="What a committed client gets when retries run out.")
-    allowed_repairs = models.JSONField(null=True, blank=True,
-                                       help_text=f"List of allowed repairs among: {', '.join(r.value for r in Repair)}.")
+    allowed_repairs = models.JSONField(
+        null=True, blank=True, help_text=f"List of allowed repairs among: {', '.join(r.value for r in Repair)}.")
     fragment_storage = models.CharField(max_length=16, choices=[(f.value, f.value) for f in FragmentStorage],
                                         blank=True, help_text="How much raw upstream body the audit keeps.")
     retention_days = models.PositiveIntegerField(null=True, blank=True, help_text="Days raw fragments are kept.")
@@ -262,7 +264,11 @@ class RouteFallback(models.Model):
 
     def clean(self) -> None:
         """A fallback may only use an upstream of the route's tenant."""
-        if self.upstream_id and self.route_id and self.upstream.tenant_id != self.route.tenant_id:
+        try:
+            route = self.route  # an admin inline sets the (maybe unsaved) route object before clean()
+        except ModelRoute.DoesNotExist:
+            return
+        if self.upstream_id and route.tenant_id and self.upstream.tenant_id != route.tenant_id:
             raise ValidationError({"upstream": "Choose an upstream of the route's tenant."})
 
 
