@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from tenants import crypto
 from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Tenant, Upstream
 
 _PREFIX_ALPHABET = string.ascii_lowercase + string.digits
@@ -114,3 +115,21 @@ def provision(*, tenant_name: str, upstream_url: str, upstream_key: str | None =
         route_upsert(tenant=tenant, public_name=public, upstream=upstream, upstream_model=target)
     key, raw = api_key_create(tenant=tenant, name="provisioned") if new_key else (None, None)
     return Provisioned(tenant, upstream, created, key, raw)
+
+
+@transaction.atomic
+def upstream_credentials_rotate() -> int:
+    """Re-encrypt every stored credential and extra-headers blob under the newest ``CREDENTIAL_KEYS`` key.
+
+    All or nothing: a row no configured key opens raises ``crypto.CredentialError`` and nothing is
+    changed. Returns the number of upstreams rewritten.
+    """
+    count = 0
+    for upstream in Upstream.objects.select_for_update().exclude(credential_encrypted="", extra_headers_encrypted=""):
+        if upstream.credential_encrypted:
+            upstream.credential_encrypted = crypto.rotate(upstream.credential_encrypted)
+        if upstream.extra_headers_encrypted:
+            upstream.extra_headers_encrypted = crypto.rotate(upstream.extra_headers_encrypted)
+        upstream.save(update_fields=["credential_encrypted", "extra_headers_encrypted"])
+        count += 1
+    return count
