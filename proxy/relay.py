@@ -105,10 +105,16 @@ class RelayRequest:
         return isinstance(options, dict) and options.get("include_usage") is True
 
     @property
+    def forwards_raw(self) -> bool:
+        """True when upstream bytes go back unchanged: an OpenAI Chat client without ``tools``.
+        Other protocols always go through the guard, which translates frame by frame."""
+        return self.protocol == "openai-chat" and not self.guarded
+
+    @property
     def path(self) -> str:
         if not self.stream:
             return "non-stream"
-        return "guarded" if self.guarded else "pass-through"
+        return "pass-through" if self.forwards_raw else "guarded"
 
 
 def schedule(coro: Awaitable[Any]) -> None:
@@ -328,10 +334,10 @@ class Relay:
         try:
             if not self.req.stream:
                 await self._non_stream()
-            elif self.req.guarded:
-                await self._guarded()
-            else:
+            elif self.req.forwards_raw:
                 await self._pass_through()
+            else:
+                await self._guarded()
         except asyncio.CancelledError:
             self.outcome = "client-cancelled"
             raise
@@ -647,7 +653,7 @@ class Relay:
             if not self._can_retry(attempt, decision):
                 await self._fail_before_commit(decision)
                 return
-            if self.req.guarded:
+            if not self.req.forwards_raw:
                 await self._record_now(self.pending.pop())
             await self._backoff(attempt, decision.error)
             if decision.reason != "stream_options rejected":
@@ -659,7 +665,7 @@ class Relay:
             if response.status != 200:
                 return await self._http_failure(number, target, started, response), None
             body = await response.read_capped(_NON_STREAM_CAP)
-        if not self.req.guarded:
+        if self.req.forwards_raw:
             return await self._forward_plain(number, target, started, body), body
         decision = decide_completion(body, self.spec, self.policy)
         prompt, completion = _usage_tokens(decision.turn.usage if decision.turn else None)
