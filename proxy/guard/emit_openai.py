@@ -77,7 +77,7 @@ class OpenAIChatEmitter:
         self._head = "data: " + self._envelope()[:-1] + ',"choices":'
         self._tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
         self._text_heads: dict[tuple[int, str], str] = {}
-        self._opened: list[int] = []  # choices whose role went out, in order
+        self._opened: set[int] = set()  # choices whose role went out
         self._closed = False
 
     def _envelope(self) -> str:
@@ -99,12 +99,19 @@ class OpenAIChatEmitter:
             choice["finish_reason"] = finish
         return self._chunk("[" + _dumps(choice) + "]")
 
-    def _role(self, index: int, delta: dict[str, Any]) -> dict[str, Any]:
-        """``delta`` with ``role`` first when ``index`` has not been opened yet."""
+    def _opening(self, index: int, delta: dict[str, Any]) -> str:
+        """The chunk carrying ``delta`` for choice ``index``, with ``role`` if the choice opens here.
+
+        Choices open in index order: openai-python builds its snapshot from the first chunk by
+        position (``choices[choice.index] = …`` in ``_convert_initial_chunk_into_snapshot``, and
+        ``append`` for later choices), so choice k must never open before choice k-1. Lower
+        choices not yet opened get a role-only chunk first.
+        """
         if index in self._opened:
-            return delta
-        self._opened.append(index)
-        return {"role": "assistant", **delta}
+            return self._choice(index, delta)
+        fill = "".join(self._choice(j, {"role": "assistant"}) for j in range(index) if j not in self._opened)
+        self._opened.update(range(index + 1))
+        return fill + self._choice(index, {"role": "assistant", **delta})
 
     # -- streaming -----------------------------------------------------------------------------
 
@@ -119,8 +126,8 @@ class OpenAIChatEmitter:
         opener = ""
         if choice not in self._opened:
             if channel != "content":  # role rides on the first reasoning / refusal delta itself
-                return self._choice(choice, self._role(choice, {_CHANNEL_KEYS[channel]: text})).encode()
-            opener = self._choice(choice, self._role(choice, {"content": ""}))
+                return self._opening(choice, {_CHANNEL_KEYS[channel]: text}).encode()
+            opener = self._opening(choice, {"content": ""})
         return (opener + self._text_head(choice, channel) + encode_basestring_ascii(text) + "}}]"
                 + self._tail).encode()
 
@@ -148,23 +155,23 @@ class OpenAIChatEmitter:
         return self._terminate(parts, turn.usage)
 
     def _final_choices(self, turn: Turn) -> list[ChoiceTurn]:
-        """The turn's choices plus any choice opened by ``text()`` that the turn lacks."""
+        """The turn's choices plus choice 0 and any choice opened by ``text()`` that the turn lacks."""
         choices = {c.index: c for c in turn.choices}
-        for index in self._opened:
+        for index in sorted({0, *self._opened}):
             choices.setdefault(index, ChoiceTurn(index=index))
         return [choices[i] for i in sorted(choices)]
 
     def _tool_call_chunks(self, choice: ChoiceTurn) -> Iterator[str]:
         """Header then argument deltas for each call of ``choice`` (index = position)."""
         for k, call in enumerate(choice.tool_calls):
-            yield self._choice(choice.index, self._role(choice.index, {"tool_calls": [_header(k, call)]}))
+            yield self._opening(choice.index, {"tool_calls": [_header(k, call)]})
             for piece in _slices(call.arguments or "{}"):
                 args = {"index": k, "function": {"arguments": piece}}
                 yield self._choice(choice.index, {"tool_calls": [args]})
 
     def _finish_chunk(self, index: int, reason: str) -> str:
         """The finish chunk; a choice that never said anything gets its role opener first."""
-        opener = "" if index in self._opened else self._choice(index, self._role(index, {"content": ""}))
+        opener = "" if index in self._opened else self._opening(index, {"content": ""})
         return opener + self._choice(index, {}, reason)
 
     def _terminate(self, parts: list[str], usage: dict[str, Any] | None) -> bytes:
