@@ -251,6 +251,7 @@ class Relay:
         self._commit_lock = asyncio.Lock()
         self._last_send = time.monotonic()
         self._ticker: asyncio.Task[None] | None = None
+        self._seq = 0
 
     # ----- sending -----
 
@@ -388,7 +389,10 @@ class Relay:
         metrics.ATTEMPTS.labels(outcome=outcome).inc()
         for finding in kwargs.get("findings", ()):
             metrics.FINDINGS.labels(kind=finding.kind.value).inc()
-        return audit.AttemptRecord(number=number, upstream_id=target.upstream_id, upstream_model=target.model,
+        # Records are numbered in call order: a re-ask without stream_options reuses the target of
+        # ``number`` but is a call of its own.
+        self._seq += 1
+        return audit.AttemptRecord(number=self._seq - 1, upstream_id=target.upstream_id, upstream_model=target.model,
                                    outcome=outcome, duration_ms=(time.monotonic() - started) * 1000, **kwargs)
 
     async def _backoff(self, attempt: int, error: UpstreamError | None) -> None:
