@@ -103,6 +103,12 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_CONNECTION_ERROR = "upstream-connection-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_NOT_SSE = "upstream-not-sse"
+    # Input-side family members (accumulate / sse).
+    INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason
+    UNKNOWN_FINISH_REASON = "unknown-finish-reason"  # a finish_reason outside the OpenAI set and aliases
+    TOOL_CALL_ID_REPEATED = "tool-call-id-repeated"  # same id re-sent on a continuation delta
+    TOOL_CALL_INDEX_GAP = "tool-call-index-gap"  # indexes not 0-based / not contiguous
+    GUARD_INTERNAL_ERROR = "guard-internal-error"  # a bug in the guard: the attempt is retried, never passed on
 
 
 @dataclass(frozen=True, slots=True)
