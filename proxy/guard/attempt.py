@@ -1,0 +1,287 @@
+"""The attempt driver: upstream bytes -> guard events -> one ``Decision`` (sans-IO).
+
+``AttemptGuard`` wires ``sse`` -> ``accumulate`` -> ``markup`` and, at the end, ``validate``:
+
+- ``feed(bytes)`` returns, in stream order, ``TextDelta`` (text safe to release, per choice and
+  channel; leaked-markup prefixes held back), ``ToolCallValid`` (a call that is complete and valid
+  before the end: a commit trigger), ``Finding`` and at most one ``Abort``.
+- ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``.
+
+``Abort`` comes the moment the attempt is provably unrecoverable and ``policy.early_abort`` is on:
+an upstream error (C41, C43), an unparseable or foreign data frame (C45), a changed completion id,
+arguments no normalisation can turn into JSON (snapshots, C14, and re-sent arguments, C15, never
+count), mixed object/string argument fragments, a closed call whose name is undeclared and not
+repairable, an unparseable leaked-markup block. After it ``feed`` ignores further bytes.
+
+Decision: an in-band upstream error -> ``UPSTREAM_ERROR`` (its ``UpstreamError``); any other fatal
+finding -> ``RETRY`` (``reason`` = the first one's detail); else ``REPAIRED`` if a repair was
+applied, ``NORMALIZED`` if a quirk was absorbed or metadata ignored, ``CLEAN`` otherwise. Nothing
+here raises on any input; a guard bug becomes a ``GUARD_INTERNAL_ERROR`` retry, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed, Where, resolve_slot_name
+from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
+from proxy.guard.findings import Action, Finding, FindingKind, Severity, cap_fragment
+from proxy.guard.markup import MarkupScanner, ScanResult
+from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.repair import resolve_name
+from proxy.guard.sse import SSEDecoder, SSEEvent
+from proxy.guard.turn import ChoiceTurn, Decision, Outcome, RequestSpec, ToolCall, Turn, UpstreamError
+from proxy.guard.validate import check_turn
+
+K = FindingKind
+
+
+class AttemptGuard:
+    """One upstream attempt: ``feed(bytes) -> list[Event]`` any number of times, then ``finish()``."""
+
+    def __init__(self, request: RequestSpec, policy: GuardPolicy, *, stream: bool = True) -> None:
+        self.request = request
+        self.policy = policy
+        self._sse = SSEDecoder()
+        self._acc = Accumulator(request, policy, stream=stream)
+        self._markup = bool(request.tools) and request.tool_choice != "none"
+        self._allow_markup = policy.allows(Repair.LEAKED_MARKUP)
+        self._scanners: dict[tuple[int, Channel], MarkupScanner] = {}
+        self._texts: dict[tuple[int, str], list[str]] = {}
+        self._calls: dict[int, list[ToolCall]] = {}
+        self.findings: list[Finding] = []
+        self._held: list[TextDelta] = []
+        self._aborted = False
+        self._decision: Decision | None = None
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Absorb a piece of the upstream body (any split) and return the events it produced."""
+        out: list[Event] = []
+        if self._aborted or self._decision is not None:
+            return out
+        try:
+            for ev in self._sse.feed(data):
+                self._event(ev, out)
+                if self._aborted:
+                    break
+        except Exception as exc:  # noqa: BLE001 - the invariant: garbage in, a decision out
+            self._internal(exc, out)
+        return out
+
+    def feed_completion(self, obj: Any, raw: str = "") -> list[Event]:
+        """Absorb a whole non-stream ``chat.completion`` object (PROTOCOLS.md 1.2) as one chunk."""
+        out: list[Event] = []
+        try:
+            where = Where(0, 0, raw)
+            self._items(self._acc.feed_chunk(_completion_as_chunk(obj), where), where, out)
+        except Exception as exc:  # noqa: BLE001
+            self._internal(exc, out)
+        return out
+
+    def finish(self) -> list[Event]:
+        """End of the body: remaining events, ending with exactly one ``Done``."""
+        if self._decision is not None:
+            return [Done(self._decision)]
+        out: list[Event] = []
+        try:
+            self._drain(out)
+            decision = self._decide(out)
+        except Exception as exc:  # noqa: BLE001
+            self._internal(exc, out)
+            decision = _decision(self.findings, None, None)
+        self._decision = decision
+        if decision.usable:
+            out[:0] = self._held
+        out.append(Done(decision))
+        return out
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def _event(self, ev: SSEEvent, out: list[Event]) -> None:
+        self._items(self._acc.feed(ev), Where(ev.frame, ev.offset, ev.raw), out)
+
+    def _items(self, items: list[AccItem], where: Where, out: list[Event]) -> None:
+        for item in items:
+            if self._aborted:
+                return
+            if isinstance(item, TextDelta):
+                self._text(item, where, out)
+            elif isinstance(item, SlotClosed):
+                self._slot_closed(item, out)
+            else:
+                self._finding(item, out)
+
+    def _finding(self, f: Finding, out: list[Event]) -> None:
+        self.findings.append(f)
+        out.append(f)
+        if f.fatal and self.policy.early_abort and not self._aborted:
+            self._aborted = True
+            out.append(Abort(f))
+
+    def _text(self, item: TextDelta, where: Where, out: list[Event]) -> None:
+        if not self._markup or item.channel == "refusal":
+            self._release(item.choice, item.channel, item.text, out)
+            return
+        key = (item.choice, item.channel)
+        scanner = self._scanners.get(key)
+        if scanner is None:
+            scanner = self._scanners[key] = MarkupScanner(item.choice, self.request.tools,
+                                                          allow=self._allow_markup)
+        self._absorb(scanner.feed(item.text, where), item.choice, item.channel, out)
+
+    def _absorb(self, res: ScanResult, choice: int, channel: Channel, out: list[Event]) -> None:
+        self._release(choice, channel, res.text, out)
+        if res.calls:
+            self._calls.setdefault(choice, []).extend(res.calls)
+        for f in res.findings:
+            self._finding(f, out)
+
+    def _release(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
+        if not text:
+            return
+        self._texts.setdefault((choice, channel), []).append(text)
+        delta = TextDelta(choice, channel, text)
+        if self.policy.stream_text:
+            out.append(delta)
+        else:
+            self._held.append(delta)
+
+    def _slot_closed(self, item: SlotClosed, out: list[Event]) -> None:
+        """A finished call: abort on an unrepairable name, else announce it when already valid."""
+        slot = self._acc.choices[item.choice].slots[item.slot]
+        if not slot.names:
+            return  # a name may still arrive late (C05): never judged before it exists
+        name = resolve_slot_name(slot.names, self.request.names, self.policy)
+        if resolve_name(name, self.request.names, self.policy) is None:
+            f = Finding(K.UNDECLARED_OR_PREFIXED_TOOL_NAME, Severity.ERROR, Action.RETRY,
+                        f"tool {name[:80]!r} is not declared", item.choice, item.slot)
+            self._finding(f, out)
+            return
+        call, minted = self._acc.closed_call(item.choice, item.slot)
+        self._items(minted, Where(), out)
+        checked, problems = check_turn(_single(item.choice, call), self.request, self.policy)
+        if not any(p.fatal for p in problems):
+            out.append(ToolCallValid(item.choice, item.slot, checked.choices[0].tool_calls[0]))
+
+    def _internal(self, exc: Exception, out: list[Event]) -> None:
+        f = Finding(K.GUARD_INTERNAL_ERROR, Severity.ERROR, Action.RETRY,
+                    f"guard error {type(exc).__name__}: {str(exc)[:200]}")
+        self._aborted = False  # make sure the finding is recorded and aborts
+        self._finding(f, out)
+        self._aborted = True
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def _drain(self, out: list[Event]) -> None:
+        """Flush the SSE decoder, the accumulator's EOF checks and the markup scanners."""
+        if self._aborted:
+            return
+        for ev in self._sse.flush():
+            self._event(ev, out)
+        if not self._aborted:
+            self._items(self._acc.close(), Where(), out)
+        for (choice, channel), scanner in self._scanners.items():
+            if not self._aborted:
+                self._absorb(scanner.finish(), choice, channel, out)
+
+    def _decide(self, out: list[Event]) -> Decision:
+        if self._aborted:
+            return _decision(self.findings, None, self._acc.error)
+        texts = {k: "".join(v) for k, v in self._texts.items()}
+        turn, resolved = self._acc.resolve(texts, self._calls)
+        self._record(resolved, out)
+        if not any(f.fatal for f in self.findings):
+            turn, checked = check_turn(turn, self.request, self.policy)
+            self._record(checked, out)
+        if not any(f.fatal for f in self.findings):
+            self._record(_empty_choices(turn, self.request), out)
+        return _decision(self.findings, turn, self._acc.error)
+
+    def _record(self, findings: list[Finding], out: list[Event]) -> None:
+        self.findings.extend(findings)
+        out.extend(findings)
+
+
+def _single(choice: int, call: ToolCall) -> Turn:
+    return Turn(choices=[ChoiceTurn(index=choice, tool_calls=[call], finish_reason="tool_calls")])
+
+
+def _empty_choices(turn: Turn, request: RequestSpec) -> list[Finding]:
+    """Never an empty success: a choice with no text, refusal or call (unless cut by length/filter)."""
+    if not turn.choices:
+        return [Finding(K.EMPTY_TURN, Severity.ERROR, Action.RETRY, "the upstream sent no choice at all")]
+    return [Finding(K.EMPTY_TURN, Severity.ERROR, Action.RETRY, "choice has no text and no tool call", c.index)
+            for c in turn.choices
+            if not (c.content or c.refusal or c.tool_calls) and c.finish_reason not in ("length", "content_filter")]
+
+
+def _decision(findings: list[Finding], turn: Turn | None, error: UpstreamError | None) -> Decision:
+    """Map findings to the outcome (module docstring)."""
+    fatal = next((f for f in findings if f.fatal), None)
+    if fatal is not None:
+        outcome = Outcome.UPSTREAM_ERROR if error is not None else Outcome.RETRY
+        return Decision(outcome, None, tuple(findings), fatal.detail, error)
+    actions = {f.action for f in findings}
+    if Action.REPAIRED in actions:
+        outcome = Outcome.REPAIRED
+    elif actions & {Action.NORMALIZED, Action.IGNORED}:
+        outcome = Outcome.NORMALIZED
+    else:
+        outcome = Outcome.CLEAN
+    return Decision(outcome, turn, tuple(findings))
+
+
+def _completion_as_chunk(obj: Any) -> Any:
+    """A ``chat.completion`` as one chunk: each ``message`` becomes the choice's delta."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+        return obj
+    choices = []
+    for c in obj["choices"]:
+        if not isinstance(c, dict):
+            continue
+        message = dict(c["message"]) if isinstance(c.get("message"), dict) else {}
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [_indexed(tc, i) for i, tc in enumerate(calls)]
+        choices.append({"index": c.get("index", 0), "delta": message, "finish_reason": c.get("finish_reason")})
+    return {**obj, "choices": choices}
+
+
+def _indexed(tc: Any, i: int) -> Any:
+    """A non-stream tool call gets its list position as index (the stream's slot key)."""
+    if isinstance(tc, dict) and not isinstance(tc.get("index"), int):
+        return {**tc, "index": i}
+    return tc
+
+
+def guard_body(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decision:
+    """The decision for a whole SSE body (tests, buffered use): ``feed(body)`` then ``finish()``."""
+    guard = AttemptGuard(request, policy)
+    guard.feed(body)
+    done = guard.finish()[-1]
+    assert isinstance(done, Done)
+    return done.decision
+
+
+def decide_completion(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decision:
+    """Validate a non-stream upstream answer (``chat.completion`` JSON bytes) like a stream.
+
+    Tool calls, markup leaked into ``message.content`` / ``reasoning_content``, finish reason
+    and in-band ``error`` objects are handled exactly as for streams; an unparseable body is a retry
+    (``UNPARSEABLE_DATA_FRAME``).
+    """
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else ""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        f = Finding(K.UNPARSEABLE_DATA_FRAME, Severity.ERROR, Action.RETRY, "response body is not JSON",
+                    frame=0, offset=0, fragment=cap_fragment(text))
+        return Decision(Outcome.RETRY, None, (f,), f.detail)
+    guard = AttemptGuard(request, policy, stream=False)
+    guard.feed_completion(obj, text)
+    done = guard.finish()[-1]
+    assert isinstance(done, Done)
+    return done.decision
