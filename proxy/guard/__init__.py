@@ -1,0 +1,64 @@
+"""The sans-IO stream guard: bytes and dicts in, events, findings and decisions out.
+
+No Django, Channels, httpx or asyncio imports anywhere in this package (ARCHITECTURE.md).
+Public API re-exported here; one import per line so parallel additions merge cleanly.
+"""
+
+from __future__ import annotations
+
+from proxy.guard.accumulate import Accumulator, SlotClosed, synthesize_call_id
+from proxy.guard.attempt import AttemptGuard, decide_completion, guard_body
+from proxy.guard.emit import Emitter
+from proxy.guard.emit_openai import OpenAIChatEmitter
+from proxy.guard.errors import classify_inband_error, http_error_decision
+from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.markup import MarkupScanner, extract_markup
+from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.repair import resolve_name
+from proxy.guard.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
+from proxy.guard.turn import ChoiceTurn, Decision, Outcome, RequestSpec, ToolCall, ToolSpec, Turn, UpstreamError
+from proxy.guard.validate import check_turn
+
+__all__ = [
+    "Abort",
+    "Accumulator",
+    "Action",
+    "AttemptGuard",
+    "Channel",
+    "ChoiceTurn",
+    "Decision",
+    "Done",
+    "Emitter",
+    "Event",
+    "Finding",
+    "OpenAIChatEmitter",
+    "FindingKind",
+    "GuardPolicy",
+    "MarkupScanner",
+    "Outcome",
+    "Repair",
+    "RequestSpec",
+    "SSEDecoder",
+    "SSEEvent",
+    "Severity",
+    "SlotClosed",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallValid",
+    "ToolSpec",
+    "Turn",
+    "UpstreamError",
+    "check_turn",
+    "classify_inband_error",
+    "decide_completion",
+    "encode_comment",
+    "encode_data",
+    "encode_done",
+    "encode_event",
+    "extract_markup",
+    "guard_body",
+    "http_error_decision",
+    "resolve_name",
+    "synthesize_call_id",
+]
