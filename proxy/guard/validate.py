@@ -116,33 +116,41 @@ class _Checker:
 
     def schema_check(self, name: str, value: dict[str, Any], choice: int, slot: int) -> dict[str, Any] | None:
         """``value`` unwrapped (C20) and validated against ``name``'s schema; None on a violation."""
-        schema = self.schema(name, choice, slot)
-        if schema is None:
+        validator = self.validator(name, choice, slot)
+        if validator is None:
             return value
         if self.policy.allows(Repair.DOUBLE_ENCODED):
-            value, paths = unwrap_double_encoded(value, schema)
+            value, paths = unwrap_double_encoded(value, validator.schema)
             for path in paths:
                 self.repaired(Repair.DOUBLE_ENCODED, f"unwrapped JSON string at {path}", choice, slot)
-        problem = _violation(schema, value)
+        try:
+            problem = _violation(validator, value)
+        except Exception as exc:  # noqa: BLE001 -- e.g. an unresolvable $ref only fails at validation time
+            self.unusable(name, _short(exc), choice, slot)
+            return value
         if problem is None:
             return value
         self.fatal(FindingKind.SCHEMA_VIOLATION, f"{name}: {problem}", choice, slot)
         return None
 
-    def schema(self, name: str, choice: int, slot: int) -> dict[str, Any] | None:
-        """The usable schema of tool ``name`` (None: no schema, or broken and reported once)."""
+    def validator(self, name: str, choice: int, slot: int) -> Validator | None:
+        """The compiled validator of tool ``name`` (None: no schema, or a broken one, reported)."""
         spec = next((t for t in self.request.tools if t.name == name), None)
         if spec is None or spec.parameters is None:
             return None
-        problem = _schema_problem(_schema_key(spec.parameters))
-        if problem is None:
-            return spec.parameters
+        compiled = _compiled(_schema_key(spec.parameters))
+        if isinstance(compiled, str):
+            self.unusable(name, compiled, choice, slot)
+            return None
+        return compiled
+
+    def unusable(self, name: str, problem: str, choice: int, slot: int) -> None:
+        """Report (once per tool) a client schema that cannot be used: the call goes unvalidated."""
         if name not in self.broken:
             self.broken.add(name)
             self.findings.append(Finding(FindingKind.TOOL_SCHEMA_INVALID, Severity.INFO, Action.IGNORED,
                                          f"{name}: schema not usable, not validated ({problem})",
                                          choice, slot))
-        return None
 
     def tool_choice(self, choice: int, calls: list[ToolCall]) -> None:
         """``tool_choice`` (required / none / a named function) and ``parallel_tool_calls``."""
@@ -200,21 +208,12 @@ def _validator_classes(schema: Any) -> list[type[Validator]]:
     return [validator_for(schema, default=Draft202012Validator)] if isinstance(declared, str) else []
 
 
-def _schema_problem(key: str) -> str | None:
-    """Why the schema with text ``key`` is unusable, or None when it compiles."""
-    compiled = _compiled(key)
-    return compiled if isinstance(compiled, str) else None
+def _violation(validator: Validator, value: dict[str, Any]) -> str | None:
+    """The most relevant validation error for ``value`` ("message at path"), or None when valid.
 
-
-def _violation(schema: dict[str, Any], value: dict[str, Any]) -> str | None:
-    """The most relevant validation error for ``value`` ("message at path"), or None when valid."""
-    compiled = _compiled(_schema_key(schema))
-    if isinstance(compiled, str):
-        return None
-    try:
-        error = best_match(compiled.iter_errors(value))
-    except Exception:  # noqa: BLE001 -- e.g. an unresolvable $ref or bad regex only seen at validation time
-        return None
+    Raises whatever the validator raises on a schema that only fails at validation time.
+    """
+    error = best_match(validator.iter_errors(value))
     return None if error is None else f"{_short(error.message)} at {error.json_path}"
 
 

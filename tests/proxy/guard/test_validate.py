@@ -212,10 +212,10 @@ def test_it_survives_a_broken_client_schema(schema: dict[str, Any]) -> None:
 
 
 def test_it_survives_an_unresolvable_ref() -> None:
-    """A remote ``$ref`` is never fetched and does not crash validation."""
+    """A remote ``$ref`` is never fetched: the schema counts as unusable (info), nothing crashes."""
     schema = {"type": "object", "properties": {"a": {"$ref": "https://example.invalid/s.json"}}}
     _, findings = check(turn_of(call("f", '{"a": 1}')), RequestSpec(tools=(ToolSpec("f", schema),)))
-    assert all(not f.fatal for f in findings)
+    assert kinds(findings) == [(FindingKind.TOOL_SCHEMA_INVALID, Action.IGNORED)]
 
 
 def test_it_accepts_draft7_tuple_items() -> None:
