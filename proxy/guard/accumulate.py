@@ -76,6 +76,7 @@ class SlotClosed:
 
     choice: int
     slot: int
+    by_finish: bool = False  # closed by the choice's finish_reason rather than by a later slot
 
 
 AccItem = TextDelta | Finding | SlotClosed
@@ -174,9 +175,12 @@ class _NotJson:
 _NOT_JSON: Any = _NotJson()
 
 
+_DECODER = json.JSONDecoder(strict=False)  # one instance: json.loads(strict=False) builds one per call
+
+
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text.strip(), strict=False)
+        return _DECODER.decode(text.strip())
     except (ValueError, RecursionError):
         return _NOT_JSON
 
@@ -638,7 +642,7 @@ class Accumulator:
         for s in ch.slots:
             if not s.closed and s.args.complete:
                 s.closed = True
-                self._out.append(SlotClosed(ch.index, s.position))
+                self._out.append(SlotClosed(ch.index, s.position, by_finish=True))
 
     # -- end of stream ---------------------------------------------------------------------------
 

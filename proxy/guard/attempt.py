@@ -160,6 +160,8 @@ class AttemptGuard:
                         f"tool {name[:80]!r} is not declared", item.choice, item.slot)
             self._finding(f, out)
             return
+        if item.by_finish:
+            return  # the turn ends now: Done follows, a commit trigger would gain nothing
         call, minted = self._acc.closed_call(item.choice, item.slot)
         self._items(minted, Where(), out)
         checked, problems = check_turn(_single(item.choice, call), self.request, self.policy)
