@@ -1,0 +1,528 @@
+"""Admin for tenants, API keys, upstreams, routes and memberships, scoped to the user's tenants.
+
+Superusers see everything. Other staff users see the rows of the tenants they are members of
+(``tenants.selectors.tenants_for_user``): the ``admin`` role may change them, ``viewer`` only looks.
+Rows of other tenants are not in the querysets at all, so their change pages answer exactly like a
+missing primary key. Writes with side effects go through ``tenants.services``. Secrets are
+write-only: a new API key is shown once, on the page that answers the form that created it; an
+upstream credential or its extra headers never.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from tenants.models import ApiKey, Membership, ModelRoute, PolicyFields, RouteFallback, Tenant, Upstream
+from tenants.selectors import tenants_for_user
+from tenants.services import api_key_create, api_key_revoke
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin, TabularInline
+else:
+
+    class ModelAdmin(admin.ModelAdmin):
+        """``admin.ModelAdmin``, subscriptable at runtime as in django-stubs (``ModelAdmin[Tenant]``)."""
+
+        def __class_getitem__(cls, _model: object) -> type:
+            return cls
+
+    class TabularInline(admin.TabularInline):
+        """``admin.TabularInline``, subscriptable at runtime as in django-stubs."""
+
+        def __class_getitem__(cls, _models: object) -> type:
+            return cls
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+POLICY_HELP = "Blank = inherit ({})."
+
+
+# ----- who may do what -----
+
+def _is_staff(request: HttpRequest) -> bool:
+    user = request.user
+    return bool(user.is_active and user.is_staff)
+
+
+def _roles(request: HttpRequest) -> dict[int, str]:
+    """Tenant id -> the user's role there, read once per request (admin pages ask many times)."""
+    cached: dict[int, str] | None = getattr(request, "_tenant_roles", None)
+    if cached is None:
+        rows = Membership.objects.filter(user_id=request.user.pk, tenant__in=tenants_for_user(request.user))
+        cached = dict(rows.values_list("tenant_id", "role"))
+        request._tenant_roles = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _allowed(request: HttpRequest, tenant_id: int | None, action: str) -> bool:
+    """May the user ``view`` / ``change`` rows of ``tenant_id`` (None: of some tenant)?"""
+    if not _is_staff(request):
+        return False
+    if request.user.is_superuser:
+        return True
+    wanted = {Membership.ADMIN, Membership.VIEWER} if action == "view" else {Membership.ADMIN}
+    roles = _roles(request)
+    if tenant_id is None:
+        return any(role in wanted for role in roles.values())
+    return roles.get(tenant_id) in wanted
+
+
+def managed_tenants(request: HttpRequest) -> QuerySet[Tenant]:
+    """Tenants the user may change: all for superusers, those where the user is an ``admin`` member."""
+    tenants = tenants_for_user(request.user)
+    if request.user.is_superuser:
+        return tenants
+    admin_of = [pk for pk, role in _roles(request).items() if role == Membership.ADMIN]
+    return tenants.filter(pk__in=admin_of)
+
+
+class TenantScopedAdmin(ModelAdmin[_M]):
+    """Rows of the user's tenants only; view for members, change for tenant admins, all for superusers.
+
+    ``tenant_path`` is the lookup from the model to its Tenant. Foreign keys to tenants and upstreams
+    offer only those the user manages; the models' ``clean()`` keeps a row's upstreams in its tenant.
+    """
+
+    tenant_path = "tenant"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser and _is_staff(request):
+            return queryset
+        return queryset.filter(**{f"{self.tenant_path}__in": tenants_for_user(request.user)})
+
+    def tenant_id_of(self, obj: _M) -> int:
+        """The id of the tenant that owns ``obj``."""
+        return int(obj.tenant_id)  # type: ignore[attr-defined]
+
+    def _tenant_of(self, obj: _M | None) -> int | None:
+        return None if obj is None else self.tenant_id_of(obj)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _allowed(request, None, "view")
+
+    def has_view_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return _allowed(request, self._tenant_of(obj), "view")
+
+    def has_change_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return _allowed(request, self._tenant_of(obj), "change")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _allowed(request, None, "change")
+
+    def has_delete_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return _allowed(request, self._tenant_of(obj), "change")
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        kwargs.setdefault("queryset", _scoped_choices(db_field, request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+def _scoped_choices(db_field: Any, request: HttpRequest) -> QuerySet[Any] | None:
+    """Foreign-key choices limited to what the user manages (None: leave the field alone)."""
+    if db_field.related_model is Tenant:
+        return managed_tenants(request)
+    if db_field.related_model is Upstream:
+        return Upstream.objects.filter(tenant__in=managed_tenants(request)).select_related("tenant")
+    return None
+
+
+class TenantFilter(admin.SimpleListFilter):
+    """Filter by tenant, offering only the tenants the user may see (never other tenants' names)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        return [(tenant.pk, tenant.name) for tenant in tenants_for_user(request.user)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(tenant_id=int(value)) if value.isdigit() else queryset.none()
+
+
+# ----- tenants and their keys -----
+
+class ApiKeyInline(TabularInline[ApiKey, Tenant]):
+    """The tenant's keys, read-only: keys are created through the one-time add page, revoked by action."""
+
+    model = ApiKey
+    fields = ("key", "name", "created", "last_used", "expires", "revoked_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    @admin.display(description="key")
+    def key(self, obj: ApiKey) -> str:
+        return obj.display
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, None if obj is None else obj.pk, "view")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class TenantForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Offers only the tenant's own upstreams as its default upstream."""
+
+    class Meta:
+        model = Tenant
+        fields = ("name", "slug", "active", "default_upstream", *PolicyFields.POLICY_FIELDS)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("default_upstream")
+        if isinstance(field, forms.ModelChoiceField):
+            field.queryset = Upstream.objects.filter(tenant_id=self.instance.pk) if self.instance.pk else \
+                Upstream.objects.none()
+
+
+@admin.register(Tenant)
+class TenantAdmin(TenantScopedAdmin[Tenant]):
+    """Tenants with their keys inline. Only superusers create or delete tenants."""
+
+    form = TenantForm
+    tenant_path = "pk"
+    list_display = ("name", "slug", "active", "default_upstream", "active_keys", "created")
+    list_filter = ("active",)
+    search_fields = ("name", "slug")
+    list_select_related = ("default_upstream",)
+    prepopulated_fields = {"slug": ("name",)}
+    readonly_fields = ("created",)
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "active", "default_upstream", "created")}),
+        ("Guard policy defaults", {"fields": PolicyFields.POLICY_FIELDS,
+                                   "description": POLICY_HELP.format("the product default")}),
+    )
+    inlines = (ApiKeyInline,)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        usable = Q(api_keys__revoked_at__isnull=True) & (Q(api_keys__expires__isnull=True)
+                                                         | Q(api_keys__expires__gt=timezone.now()))
+        return super().get_queryset(request).annotate(active_key_count=Count("api_keys", filter=usable))
+
+    def tenant_id_of(self, obj: Tenant) -> int:
+        return int(obj.pk)
+
+    @admin.display(description="active keys", ordering="active_key_count")
+    def active_keys(self, obj: Tenant) -> int:
+        return int(getattr(obj, "active_key_count", 0))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _is_staff(request) and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
+        return _is_staff(request) and request.user.is_superuser
+
+
+class ApiKeyCreateForm(forms.Form):
+    """What the one-time key page asks for; the key itself is made by ``api_key_create``."""
+
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
+    name = forms.CharField(max_length=100, help_text="Who or what uses the key, e.g. “ci-bot” or “alice laptop”.")
+    expires = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                  help_text="Optional (UTC). Blank: the key never expires.")
+
+    def __init__(self, *args: Any, tenants: QuerySet[Tenant], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["tenant"]
+        assert isinstance(field, forms.ModelChoiceField)
+        field.queryset = tenants
+
+    def clean_expires(self) -> Any:
+        expires = self.cleaned_data.get("expires")
+        if expires is not None and expires <= timezone.now():
+            raise ValidationError("Choose a time in the future.")
+        return expires
+
+
+class KeyStatusFilter(admin.SimpleListFilter):
+    """Active / revoked / expired."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("active", "active"), ("revoked", "revoked"), ("expired", "expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "active":
+            return queryset.filter(pk__in=ApiKey.objects.active().values("pk"))
+        if value == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        if value == "expired":
+            return queryset.filter(revoked_at__isnull=True, expires__lte=timezone.now())
+        return queryset
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
+    """API keys: listed by prefix, created on a one-time page, revoked by an action; the digest is hidden."""
+
+    list_display = ("key", "name", "tenant", "status", "created", "last_used", "expires")
+    list_filter = (TenantFilter, KeyStatusFilter)
+    search_fields = ("name", "prefix")
+    list_select_related = ("tenant",)
+    actions = ("revoke",)
+    fields = ("tenant", "key", "name", "created", "last_used", "expires", "revoked_at")
+    readonly_fields = ("tenant", "key", "created", "last_used", "revoked_at")
+
+    @admin.display(description="key", ordering="prefix")
+    def key(self, obj: ApiKey) -> str:
+        return obj.display
+
+    @admin.display(description="status")
+    def status(self, obj: ApiKey) -> str:
+        if obj.revoked_at is not None:
+            return "revoked"
+        return "active" if obj.is_usable() else "expired"
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[ApiKey],
+                           search_term: str) -> tuple[QuerySet[ApiKey], bool]:
+        # People paste what they see: "tr-<prefix>-…" or even a whole key; search by its prefix.
+        parts = search_term.strip().split("-")
+        if len(parts) >= 2 and parts[0] == "tr" and parts[1]:
+            search_term = parts[1]
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.action(description="Revoke the selected API keys", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        """Revoke (through ``api_key_revoke``) the selected keys of tenants the user manages."""
+        keys = queryset.filter(tenant__in=managed_tenants(request), revoked_at__isnull=True)
+        count = 0
+        for key in keys:
+            api_key_revoke(key=key)
+            count += 1
+        self.message_user(request, f"Revoked {count} API key(s). Running proxy processes refuse them within "
+                                   f"{settings.AUTH_CACHE_SECONDS:g} s.", messages.SUCCESS)
+
+    def add_view(self, request: HttpRequest, form_url: str = "",
+                 extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Ask for tenant, name and expiry; answer the POST with the new key, shown this once.
+
+        The raw key lives only in this response: no redirect (it would need the key stored in the
+        session or a cookie to show it afterwards), and admin views are sent with ``no-store``.
+        """
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        data = request.POST if request.method == "POST" else None
+        form = ApiKeyCreateForm(data, tenants=managed_tenants(request), initial={"tenant": request.GET.get("tenant")})
+        if data is not None and form.is_valid():
+            key, raw = api_key_create(tenant=form.cleaned_data["tenant"], name=form.cleaned_data["name"],
+                                      expires=form.cleaned_data["expires"])
+            self.log_addition(request, key, [{"added": {}}])
+            return self._render(request, "created.html", title="New API key", key=key, raw_key=raw,
+                                base_url=f"{settings.SITE_URL}/v1", site_url=settings.SITE_URL)
+        return self._render(request, "create.html", title="Create an API key", form=form)
+
+    def _render(self, request: HttpRequest, template: str, **context: Any) -> TemplateResponse:
+        request.current_app = self.admin_site.name
+        context = {**self.admin_site.each_context(request), "opts": self.opts, **context}
+        return TemplateResponse(request, f"admin/tenants/apikey/{template}", context)
+
+
+# ----- upstreams -----
+
+class WriteOnlyTextarea(forms.Textarea):
+    """A textarea that never renders a value, not even what was just submitted with an error."""
+
+    def format_value(self, value: Any) -> str | None:
+        return None
+
+
+class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Upstream fields plus write-only secrets: a blank credential / headers field keeps what is stored.
+
+    The form fields are deliberately not named like the model's ``credential()`` / ``extra_headers()``
+    methods: the admin's read-only rendering would call those and print the decrypted values.
+    """
+
+    new_credential = forms.CharField(
+        label="Set credential", required=False, widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only API key for this upstream. Leave blank to keep the stored one.")
+    clear_credential = forms.BooleanField(label="Remove credential", required=False)
+    new_extra_headers = forms.CharField(
+        label="Set extra headers", required=False, widget=WriteOnlyTextarea(attrs={"rows": 3}),
+        help_text='Write-only JSON object sent with every request, e.g. {"X-Org-Id": "…"}. Blank keeps the '
+                  "stored headers.")
+    clear_extra_headers = forms.BooleanField(label="Remove extra headers", required=False)
+    # Declared so that a scheme-less URL means https (Django 6's default; 5.2 warns otherwise).
+    base_url = forms.URLField(max_length=500, assume_scheme="https",
+                              help_text=Upstream._meta.get_field("base_url").help_text)
+
+    class Meta:
+        model = Upstream
+        fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout")
+
+    def clean_new_extra_headers(self) -> dict[str, str] | None:
+        raw = self.cleaned_data.get("new_extra_headers", "").strip()
+        if not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise ValidationError("Not valid JSON.") from None
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ValidationError("Expected a JSON object mapping header names to string values.")
+        return value
+
+
+SECRET_FORM_FIELDS = ("new_credential", "clear_credential", "new_extra_headers", "clear_extra_headers")
+
+
+@admin.register(Upstream)
+class UpstreamAdmin(TenantScopedAdmin[Upstream]):
+    """Upstreams: the credential is write-only and shown masked (``sk-…3f9a``)."""
+
+    form = UpstreamForm
+    list_display = ("name", "tenant", "base_url", "masked_credential", "enabled", "connect_timeout",
+                    "first_byte_timeout", "idle_timeout")
+    list_filter = (TenantFilter, "enabled")
+    search_fields = ("name", "base_url", "tenant__name")
+    list_select_related = ("tenant",)
+    readonly_fields = ("masked_credential", "extra_headers_state", "created")
+    fieldsets = (
+        (None, {"fields": ("tenant", "name", "base_url", "enabled", "created")}),
+        ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential",
+                                "extra_headers_state", "new_extra_headers", "clear_extra_headers")}),
+        ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout")}),
+    )
+
+    @admin.display(description="credential", ordering="credential_hint")
+    def masked_credential(self, obj: Upstream) -> str:
+        return obj.credential_display or "—"
+
+    @admin.display(description="extra headers")
+    def extra_headers_state(self, obj: Upstream) -> str:
+        return "set (hidden)" if obj.extra_headers_encrypted else "—"
+
+    def get_fieldsets(self, request: HttpRequest, obj: Upstream | None = None) -> Any:
+        if self.has_change_permission(request, obj):
+            return self.fieldsets
+        # View-only pages render every field read-only; the write-only inputs have nothing to show.
+        return [(name, {**opts, "fields": [f for f in opts["fields"] if f not in SECRET_FORM_FIELDS]})
+                for name, opts in self.fieldsets]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Upstream | None = None) -> Any:
+        # Moving an upstream to another tenant would hand its credential over with it.
+        extra = ("tenant",) if obj is not None else ()
+        return (*self.readonly_fields, *extra)
+
+    def save_model(self, request: HttpRequest, obj: Upstream, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        if data.get("clear_credential"):
+            obj.set_credential("")
+        elif data.get("new_credential"):
+            obj.set_credential(data["new_credential"])
+        if data.get("clear_extra_headers"):
+            obj.set_extra_headers({})
+        elif data.get("new_extra_headers") is not None:
+            obj.set_extra_headers(data["new_extra_headers"])
+        super().save_model(request, obj, form, change)
+
+
+# ----- routes -----
+
+class RouteFallbackInline(TabularInline[RouteFallback, ModelRoute]):
+    """Where retries 1, 2, … of the route go, in ``position`` order."""
+
+    model = RouteFallback
+    fields = ("position", "upstream", "model")
+    extra = 0
+
+    def _route_tenant(self, obj: ModelRoute | None) -> int | None:
+        return None if obj is None else obj.tenant_id
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._route_tenant(obj), "view")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._route_tenant(obj), "change")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._route_tenant(obj), "change")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._route_tenant(obj), "change")
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        kwargs.setdefault("queryset", _scoped_choices(db_field, request))
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+@admin.register(ModelRoute)
+class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
+    """Model routes with their fallbacks and guard policy overrides."""
+
+    list_display = ("public_name", "tenant", "upstream", "target", "max_output_tokens", "fallback_count")
+    list_filter = (TenantFilter,)
+    search_fields = ("public_name", "upstream_model", "upstream__name", "tenant__name")
+    list_select_related = ("tenant", "upstream")
+    readonly_fields = ("created",)
+    fieldsets = (
+        (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens", "created")}),
+        ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
+                                    "description": POLICY_HELP.format("the tenant's value")}),
+    )
+    inlines = (RouteFallbackInline,)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ModelRoute]:
+        return super().get_queryset(request).annotate(fallback_total=Count("fallbacks"))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ModelRoute | None = None) -> Any:
+        return (*self.readonly_fields, *(("tenant",) if obj is not None else ()))
+
+    @admin.display(description="upstream model", ordering="upstream_model")
+    def target(self, obj: ModelRoute) -> str:
+        return obj.upstream_model or "(same name)"
+
+    @admin.display(description="fallbacks", ordering="fallback_total")
+    def fallback_count(self, obj: ModelRoute) -> int:
+        return int(getattr(obj, "fallback_total", 0))
+
+
+# ----- memberships -----
+
+@admin.register(Membership)
+class MembershipAdmin(TenantScopedAdmin[Membership]):
+    """Who belongs to which tenant. Members see their tenants' memberships; only superusers change them
+    (granting a role is granting access, and the user picker would list every account)."""
+
+    list_display = ("user", "tenant", "role", "created")
+    list_filter = ("role", TenantFilter)
+    search_fields = ("user__username", "user__email", "tenant__name")
+    list_select_related = ("user", "tenant")
+    raw_id_fields = ("user",)
+    readonly_fields = ("created",)
+
+    def has_change_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
+        return _is_staff(request) and request.user.is_superuser
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _is_staff(request) and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
+        return _is_staff(request) and request.user.is_superuser
