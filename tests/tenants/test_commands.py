@@ -1,0 +1,161 @@
+"""Management commands: provision, apikey, credential_key and demo_setup."""
+
+from __future__ import annotations
+
+import json
+import re
+from io import StringIO
+
+import pytest
+from cryptography.fernet import Fernet
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from tenants.models import ApiKey, ModelRoute, Tenant, Upstream
+from tenants.selectors import tenant_for_key
+from tenants.services import upstream_upsert
+from tests.conftest import TenantWorld
+
+pytestmark = pytest.mark.django_db
+
+RAW_KEY = re.compile(r"tr-[a-z0-9]{12}-[A-Za-z0-9_-]{43}")
+
+
+def _run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def _provision(*extra: str) -> str:
+    return _run("provision", "--tenant", "Acme", "--upstream-url", "https://api.deepseek.com/v1", *extra)
+
+
+def test_it_provisions_idempotently() -> None:
+    """Twice: one tenant, one upstream, routes updated in place, the stored credential kept."""
+    _provision("--upstream-key", "sk-deepseek-1111", "--route", "gpt-4o=deepseek-chat", "claude-*=deepseek-chat")
+    _provision("--route", "gpt-4o=deepseek-reasoner", "--route", "o3=deepseek-reasoner")
+    tenant = Tenant.objects.get()
+    assert Upstream.objects.filter(tenant=tenant).count() == 1
+    assert tenant.default_upstream is not None and tenant.default_upstream.credential() == "sk-deepseek-1111"
+    routes = dict(ModelRoute.objects.filter(tenant=tenant).values_list("public_name", "upstream_model"))
+    assert routes == {"gpt-4o": "deepseek-reasoner", "claude-*": "deepseek-chat", "o3": "deepseek-reasoner"}
+
+
+def test_it_prints_json_that_is_usable_as_is() -> None:
+    """``--json`` prints one object whose key authenticates and whose base URL is the OpenAI-style one."""
+    payload = json.loads(_provision("--json"))
+    assert set(payload) == {"tenant", "api_key", "base_url"}
+    snapshot = tenant_for_key(payload["api_key"])
+    assert snapshot is not None and snapshot.tenant.name == payload["tenant"] == "Acme"
+    assert payload["base_url"] == f"{settings.SITE_URL}/v1" and payload["base_url"].endswith("/v1")
+
+
+def test_it_prints_a_key_and_the_urls_for_people() -> None:
+    """Without ``--json``: the new key (once) and both base URLs."""
+    output = _provision("--upstream-key", "sk-deepseek-1111")
+    assert RAW_KEY.search(output) and f"{settings.SITE_URL}/v1" in output
+    assert "sk-deepseek-1111" not in output and "sk-…1111" in output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--upstream-url", "not a url"), "invalid upstream"),
+    (("--upstream-url", "https://api.x.test/v1", "--route", "=model"), "PUBLIC=UPSTREAM_MODEL"),
+])
+def test_it_refuses_bad_input(args: tuple[str, ...], message: str) -> None:
+    """Bad URLs and routes are command errors, and nothing is created."""
+    with pytest.raises(CommandError, match=message):
+        _run("provision", "--tenant", "Acme", *args)
+    assert not Tenant.objects.exists()
+
+
+def test_it_creates_lists_and_revokes_keys(world_a: TenantWorld) -> None:
+    """``apikey create`` prints a working key once; ``list`` shows prefixes only; ``revoke`` takes prefix or id."""
+    created = _run("apikey", "create", "--tenant", "Tenant A", "--name", "laptop")
+    raw = RAW_KEY.search(created)
+    assert raw is not None and tenant_for_key(raw.group(0)) is not None
+    listing = _run("apikey", "list", "--tenant", "tenant-a")
+    key = ApiKey.objects.get(name="laptop")
+    assert key.display in listing and "laptop" in listing
+    assert raw.group(0) not in listing and key.digest not in listing and world_a.raw_key not in listing
+    _run("apikey", "revoke", "--tenant", "Tenant A", key.prefix)
+    _run("apikey", "revoke", "--tenant", "Tenant A", str(world_a.api_key.pk))
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
+    assert ApiKey.objects.get(pk=world_a.api_key.pk).revoked_at is not None
+    assert "revoked" in _run("apikey", "list", "--tenant", "Tenant A")
+
+
+def test_it_creates_keys_with_an_expiry_and_as_json(world_a: TenantWorld) -> None:
+    """``--expires-days`` sets the expiry; ``--json`` prints the provision-style object."""
+    payload = json.loads(_run("apikey", "create", "--tenant", "Tenant A", "--expires-days", "7", "--json"))
+    assert tenant_for_key(payload["api_key"]) is not None
+    assert ApiKey.objects.get(prefix=payload["api_key"].split("-")[1]).expires is not None
+
+
+def test_it_refuses_to_revoke_another_tenants_key_like_a_missing_one(world_a: TenantWorld,
+                                                                     world_b: TenantWorld) -> None:
+    """Revoking B's key as tenant A fails with the same error as a key that does not exist."""
+    with pytest.raises(CommandError) as not_yours:
+        _run("apikey", "revoke", "--tenant", "Tenant A", world_b.api_key.prefix)
+    with pytest.raises(CommandError) as missing:
+        _run("apikey", "revoke", "--tenant", "Tenant A", "zzzzzzzzzzzz")
+    assert str(not_yours.value).replace(world_b.api_key.prefix, "?") == str(missing.value).replace("zzzzzzzzzzzz", "?")
+    assert ApiKey.objects.get(pk=world_b.api_key.pk).revoked_at is None
+
+
+def test_it_names_the_missing_tenant() -> None:
+    """An unknown tenant is a command error."""
+    with pytest.raises(CommandError, match="no tenant named 'ghost'"):
+        _run("apikey", "list", "--tenant", "ghost")
+
+
+def test_it_prints_a_new_fernet_key() -> None:
+    """``credential_key`` prints a key Fernet accepts."""
+    key = _run("credential_key").strip()
+    assert Fernet(key.encode()).decrypt(Fernet(key.encode()).encrypt(b"x")) == b"x"
+
+
+def test_it_rotates_stored_credentials_to_the_newest_key() -> None:
+    """``credential_key --rotate`` re-encrypts, after which the old key can leave CREDENTIAL_KEYS."""
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    tenant = Tenant.objects.create(name="R", slug="r")
+    with override_settings(CREDENTIAL_KEYS=[old]):
+        upstream = upstream_upsert(tenant=tenant, name="u", base_url="https://api.x.test/v1", credential="sk-r-4242")
+    with override_settings(CREDENTIAL_KEYS=[new, old]):
+        assert "1 upstream" in _run("credential_key", "--rotate")
+    with override_settings(CREDENTIAL_KEYS=[new]):
+        assert Upstream.objects.get(pk=upstream.pk).credential() == "sk-r-4242"
+    with override_settings(CREDENTIAL_KEYS=[Fernet.generate_key().decode()]), pytest.raises(CommandError):
+        _run("credential_key", "--rotate")
+
+
+def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """First run: a superuser and a demo tenant on the simulator, login and key printed; second run changes nothing."""
+    monkeypatch.delenv("UPSTREAM_URL", raising=False)
+    monkeypatch.setenv("SIMULATOR_PORT", "8123")
+    first = _run("demo_setup")
+    password = re.search(r"password (\S+)", first)
+    raw = RAW_KEY.search(first)
+    assert password is not None and raw is not None
+    assert User.objects.get(username="admin").check_password(password.group(1))
+    snapshot = tenant_for_key(raw.group(0))
+    assert snapshot is not None and snapshot.tenant.name == "demo"
+    assert snapshot.tenant.default_upstream.base_url == "http://127.0.0.1:8123/v1"
+    assert f"{settings.SITE_URL}/v1" in first and f"{settings.SITE_URL}/admin/" in first
+    second = _run("demo_setup")
+    assert "python manage.py apikey create --tenant demo" in second
+    assert not RAW_KEY.search(second) and password.group(1) not in second
+    assert Tenant.objects.count() == 1 and ApiKey.objects.count() == 1 and User.objects.count() == 1
+
+
+def test_it_points_the_demo_at_a_real_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``UPSTREAM_URL`` / ``UPSTREAM_API_KEY`` replace the simulator."""
+    monkeypatch.setenv("UPSTREAM_URL", "https://api.deepseek.com/v1")
+    monkeypatch.setenv("UPSTREAM_API_KEY", "sk-demo-real-0042")
+    output = _run("demo_setup")
+    upstream = Tenant.objects.get(name="demo").default_upstream
+    assert upstream is not None and upstream.base_url == "https://api.deepseek.com/v1"
+    assert upstream.credential() == "sk-demo-real-0042" and "sk-demo-real-0042" not in output
