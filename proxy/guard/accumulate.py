@@ -694,7 +694,7 @@ class Accumulator:
         out.finish_reason = self._decide_finish(ch, bool(calls), bool(ch.slots))
         if not complete:
             self._incomplete(ch, out)
-        elif out.finish_reason is None:
+        elif not ch.finishes:
             self._missing_finish(ch)
         if out.finish_reason == "content_filter" and out.tool_calls:
             self.note(K.CONTENT_FILTERED, Action.NORMALIZED, "content_filter finish: tool calls dropped", i)
@@ -771,7 +771,7 @@ class Accumulator:
         if out.finish_reason == "length":
             self.note(K.TRUNCATED_ARGUMENTS_LENGTH, Action.RETRY,
                       "tool-call arguments cut off by finish_reason length", ch.index)
-        elif out.finish_reason is None:
+        elif not ch.finishes:
             self.note(K.MISSING_FINISH_REASON, Action.RETRY,
                       "stream ended without finish_reason inside tool-call arguments", ch.index)
 
