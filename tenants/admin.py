@@ -11,7 +11,7 @@ upstream credential or its extra headers never.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django import forms
 from django.conf import settings
@@ -60,7 +60,7 @@ def _roles(request: HttpRequest) -> dict[int, str]:
     """Tenant id -> the user's role there, read once per request (admin pages ask many times)."""
     cached: dict[int, str] | None = getattr(request, "_tenant_roles", None)
     if cached is None:
-        rows = Membership.objects.filter(user_id=request.user.pk, tenant__in=tenants_for_user(request.user))
+        rows = Membership.objects.filter(user_id=cast(int, request.user.pk), tenant__in=tenants_for_user(request.user))
         cached = dict(rows.values_list("tenant_id", "role"))
         request._tenant_roles = cached  # type: ignore[attr-defined]
     return cached

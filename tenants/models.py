@@ -74,7 +74,8 @@ class Tenant(PolicyFields):
 
     def clean(self) -> None:
         """The default upstream must be one of this tenant's own (its credential is the tenant's)."""
-        if self.default_upstream_id and self.pk and self.default_upstream.tenant_id != self.pk:
+        upstream = self.default_upstream if self.default_upstream_id else None
+        if upstream is not None and self.pk and upstream.tenant_id != self.pk:
             raise ValidationError({"default_upstream": "Choose one of this tenant's upstreams."})
 
     def policy(self, overrides: dict[str, Any] | None = None) -> GuardPolicy:

@@ -15,7 +15,7 @@ GOOD = {"DEBUG": False, "SECRET_KEY": "a-real-secret-key-of-decent-length-012345
         "REDIS_URL": "redis://127.0.0.1:6379/1", "SITE_URL": "https://relay.example.com"}
 
 
-def _ids(**overrides: Any) -> set[str]:
+def _ids(**overrides: Any) -> set[str | None]:
     with override_settings(**{**GOOD, **overrides}):
         return {message.id for message in [*check_secrets(None), *check_urls(None)]}
 

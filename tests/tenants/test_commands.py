@@ -143,7 +143,7 @@ def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert User.objects.get(username="admin").check_password(password.group(1))
     snapshot = tenant_for_key(raw.group(0))
     assert snapshot is not None and snapshot.tenant.name == "demo"
-    assert snapshot.tenant.default_upstream.base_url == "http://127.0.0.1:8123/v1"
+    assert snapshot.default_upstream is not None and snapshot.default_upstream.base_url == "http://127.0.0.1:8123/v1"
     assert f"{settings.SITE_URL}/v1" in first and f"{settings.SITE_URL}/admin/" in first
     second = _run("demo_setup")
     assert "python manage.py apikey create --tenant demo" in second

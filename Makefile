@@ -1,0 +1,62 @@
+# toolrelay developer entry points. The two that matter: `make run` (the demo on
+# http://127.0.0.1:8000) and `make test` (the whole suite; Postgres when DATABASE_URL is set).
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstalled only when pyproject.toml (or the venv itself) is newer than this stamp.
+STAMP := var/install.stamp
+SECRETS := var/secrets.env
+
+.PHONY: help install run test format lint typecheck up
+
+help:
+	@echo "make run        serve the demo on http://127.0.0.1:8000 (first run prints an admin login and an API key)"
+	@echo "make test       run the whole test suite (Postgres when DATABASE_URL is set, else SQLite)"
+	@echo "make install    create .venv and install toolrelay with its dev dependencies"
+	@echo "make lint       ruff check"
+	@echo "make format     ruff check --fix, then ruff format"
+	@echo "make typecheck  mypy with the django-stubs plugin (installed into .venv on first use)"
+	@echo "make up         docker compose up (needs a .env; see .env.example)"
+
+install: $(STAMP)
+
+$(VENV)/pyvenv.cfg:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml $(VENV)/pyvenv.cfg
+	$(BIN)/pip install --disable-pip-version-check -e '.[dev]'
+	@mkdir -p var && touch $@
+
+# Development secrets, made once and kept out of git (var/ is ignored). Settings never read this
+# file: `make run` exports it into the environment, like any deployment would.
+$(SECRETS):
+	@mkdir -p var
+	@umask 077 && $(BIN)/python -c 'import base64, os, secrets; \
+	print("SECRET_KEY=" + secrets.token_urlsafe(50)); \
+	print("CREDENTIAL_KEYS=" + base64.urlsafe_b64encode(os.urandom(32)).decode())' > $@.tmp
+	@chmod 600 $@.tmp && mv $@.tmp $@
+	@echo "Generated $@ (SECRET_KEY, CREDENTIAL_KEYS; mode 600). Keep it: the stored credentials need it."
+
+run: $(STAMP) $(SECRETS)
+	@set -a && . ./$(SECRETS) && set +a && exec scripts/run.sh
+
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: $(STAMP)
+	@$(BIN)/python -c 'import mypy, mypy_django_plugin' 2>/dev/null || \
+		$(BIN)/pip install --disable-pip-version-check 'mypy>=1.13' 'django-stubs>=5.2,<5.3' types-channels types-jsonschema
+	$(BIN)/mypy
+
+up:
+	@test -f .env || { echo "No .env: copy .env.example to .env and fill it in."; exit 1; }
+	docker compose up --build
