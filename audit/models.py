@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -18,7 +20,7 @@ class ProxyRequest(models.Model):
     """One client request through the proxy. Times in milliseconds; usage summed over attempts."""
 
     class Path(models.TextChoices):
-        PASS_THROUGH = "pass-through"
+        PASS_THROUGH = "pass-through"  # noqa: S105 - a path name, not a password
         GUARDED = "guarded"
         NON_STREAM = "non-stream"
 
@@ -64,6 +66,9 @@ class ProxyRequest(models.Model):
             models.Index(fields=["outcome", "-created"], name="req_outcome_created"),
             models.Index(fields=["upstream", "-created"], name="req_upstream_created"),
             models.Index(fields=["model", "-created"], name="req_model_created"),
+            # The audit admin's other filters, each with the changelist's order.
+            models.Index(fields=["path", "-created"], name="req_path_created"),
+            models.Index(fields=["client_protocol", "-created"], name="req_protocol_created"),
         ]
 
     def __str__(self) -> str:
@@ -111,11 +116,19 @@ class Finding(models.Model):
     byte_offset = models.PositiveIntegerField(null=True)
     fragment = models.TextField(blank=True, help_text="The offending frame text (capped); purged after retention.")
     detail = models.TextField(blank=True)
+    tool_name = models.CharField(max_length=200, blank=True, default="",
+                                 help_text="The tool call's name when the relay knows it (blank otherwise).")
     created = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
         ordering = ["request_id", "id"]
-        indexes = [models.Index(fields=["kind", "-created"], name="finding_kind_created")]
+        indexes = [
+            models.Index(fields=["kind", "-created"], name="finding_kind_created"),
+            # Tenant-scoped admin lists and the retention purge; severity / action admin filters.
+            models.Index(fields=["tenant_id_copy", "-created"], name="finding_tenant_created"),
+            models.Index(fields=["severity", "-created"], name="finding_severity_created"),
+            models.Index(fields=["action", "-created"], name="finding_action_created"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.action})"
@@ -130,5 +143,74 @@ class Fragment(models.Model):
     truncated = models.BooleanField(default=False)
     created = models.DateTimeField(default=timezone.now, db_index=True)
 
+    class Meta:
+        indexes = [models.Index(fields=["tenant_id_copy", "created"], name="fragment_tenant_created")]
+
     def __str__(self) -> str:
         return f"body of {self.attempt}"
+
+
+class Report(models.Model):
+    """An analysis report of a period over some tenants and upstreams, built by a Celery task.
+
+    The period is half-open, ``[since, until)``. No tenants means every tenant (only superusers
+    may ask for that); no upstreams means every upstream of the chosen tenants. ``progress`` is a
+    percentage, meaningful while ``running``. ``figures`` holds the JSON summary (``audit.reports``);
+    ``file`` the export in ``format``, plus ``findings_file`` for CSV (requests and findings are two
+    tables). Files live in the default storage (``MEDIA_ROOT``), served only through the admin.
+    """
+
+    class Format(models.TextChoices):
+        CSV = "csv", "CSV (requests and findings)"
+        JSON = "json", "JSON summary"
+        HTML = "html", "HTML page with charts"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    class Origin(models.TextChoices):
+        ADMIN = "admin"
+        COMMAND = "command"
+        SCHEDULE = "schedule"
+
+    since = models.DateTimeField()
+    until = models.DateTimeField(help_text="Exclusive.")
+    tenants = models.ManyToManyField("tenants.Tenant", blank=True, related_name="+",
+                                     help_text="Blank: every tenant you can see.")
+    upstreams = models.ManyToManyField("tenants.Upstream", blank=True, related_name="+",
+                                       help_text="Blank: every upstream of the chosen tenants.")
+    format = models.CharField(max_length=8, choices=Format.choices, default=Format.HTML)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED, editable=False)
+    progress = models.PositiveSmallIntegerField(default=0, editable=False, help_text="Percent.")
+    error = models.TextField(blank=True, editable=False)
+    figures = models.JSONField(null=True, blank=True, editable=False)
+    file = models.FileField(upload_to="reports/%Y/%m/", blank=True, editable=False)
+    findings_file = models.FileField(upload_to="reports/%Y/%m/", blank=True, editable=False)
+    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.ADMIN, editable=False)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+", editable=False)
+    created = models.DateTimeField(default=timezone.now, editable=False, db_index=True)
+    started = models.DateTimeField(null=True, blank=True, editable=False)
+    finished = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(since__lt=models.F("until")), name="report_period_ordered"),
+        ]
+
+    def __str__(self) -> str:
+        return f"report #{self.pk} {self.since:%Y-%m-%d} – {self.until:%Y-%m-%d} ({self.format})"
+
+    def clean(self) -> None:
+        """The period must not be empty."""
+        if self.since and self.until and self.since >= self.until:
+            raise ValidationError({"until": "Must be after “since”."})
+
+    @property
+    def is_finished(self) -> bool:
+        """True once done or failed."""
+        return self.status in (self.Status.DONE, self.Status.FAILED)
