@@ -136,6 +136,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+#: Report files (``audit.Report``). Never served as static media: the admin streams them after its
+#: tenant check. The web process and the Celery worker must share it (or set STORAGES to an object store).
+MEDIA_ROOT = Path(envstr("MEDIA_ROOT", str(VAR_DIR / "media")))
+MEDIA_URL = "media/"
 
 SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", False)
