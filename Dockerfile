@@ -1,0 +1,31 @@
+# toolrelay: one image for the web (Daphne), worker and beat processes; see docker-compose.yml.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    # Import the project from /app (where templates/ and manage.py are), not from site-packages.
+    PYTHONPATH=/app
+
+WORKDIR /app
+
+# Dependencies first, so code changes do not reinstall them.
+COPY pyproject.toml README.md ./
+COPY config config
+COPY proxy proxy
+COPY tenants tenants
+COPY audit audit
+RUN pip install .
+
+COPY templates templates
+COPY manage.py ./
+# Only the staticfiles checks run here, so no secrets are needed at build time.
+RUN python manage.py collectstatic --no-input -v 0
+
+RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin toolrelay \
+    && mkdir -p /app/var && chown toolrelay /app/var
+USER toolrelay
+
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--proxy-headers", "config.asgi:application"]
