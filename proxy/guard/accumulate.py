@@ -201,6 +201,7 @@ class Slot:
     opened_nameless: bool = False
     closed: bool = False
     minted: bool = False
+    pending: tuple[str | None, str] | None = None  # (id, name) of a header re-sent after complete args
 
     def add_name(self, name: str) -> bool:
         """Record a name fragment; True when it repeats the accumulated name."""
@@ -479,11 +480,17 @@ class Accumulator:
         name = ident(fn.get("name"))
         frag, is_object = _fragment(fn.get("arguments"))
         slot, new = self._route(ch, tc.get("index"), tid, name, frag)
+        blank = not (frag and frag.strip())
         if new:
             self._opened(ch, slot, tc, tid, name)
-        elif slot.args.complete and frag and frag.strip() and self._is_duplicate(slot, frag):
+        elif slot.args.complete and not blank and self._is_duplicate(slot, frag or ""):
             self.note(K.FULL_ARGUMENTS_RESENT_AT_END, Action.NORMALIZED,
                       "complete arguments re-sent; duplicate dropped", ch.index, slot.position)
+            return
+        elif slot.args.complete and name and blank and not finishing:
+            # Same name, no arguments, after the call completed: a repeat (C03) or the header of a
+            # next call with the same tool and no id (C09): decided by what follows.
+            slot.pending = (tid, name)
             return
         else:
             self._continued(ch, slot, tid, name, "name" in fn, finishing)
@@ -503,27 +510,42 @@ class Accumulator:
         else:
             slot = ch.by_index.get(index)
         if slot is None:
-            return self._open(ch, None if missing else index, split=False), True
+            return self._open(ch, None if missing else index, split=None), True
         if self._splits(slot, tid, name, frag):
             self.note(K.PARALLEL_CALLS_SHARE_INDEX_0, Action.NORMALIZED,
                       "another call at an occupied index; new slot opened", ch.index, slot.position)
-            return self._open(ch, None if missing else index, split=True), True
+            return self._open(ch, None if missing else index, split=slot), True
         ch.current = slot
         return slot, False
 
     def _splits(self, slot: Slot, tid: str | None, name: str | None, frag: str | None) -> bool:
-        """C09 vs C07/C15: does this delta start a different call at the slot's index?"""
-        if tid and name and slot.id and tid != slot.id:
+        """C09 vs C07/C15: does this delta start a different call at the slot's index?
+
+        A different id with a name on a named slot; or, once the slot's arguments are complete,
+        another declared tool name, or a non-duplicate new value (C15 re-sends are duplicates).
+        """
+        if tid and name and slot.id and slot.names and tid != slot.id:
             return True
-        if not (slot.args.complete and frag and frag.strip()):
+        if name and (slot.args.blank or slot.args.complete) and self._other_tool(slot, name):
+            return True  # a named call with nothing / everything already, then another declared tool
+        if not slot.args.complete:
+            return False
+        if not (frag and frag.strip()):
             return False
         return not _trailing_residue(frag) and not self._is_duplicate(slot, frag)
+
+    def _other_tool(self, slot: Slot, name: str) -> bool:
+        """``name`` is a declared tool other than the declared one the slot's name fragments amount to."""
+        if not slot.names or name in slot.names or resolve_name(name, self.names, self.policy) is None:
+            return False
+        current = resolve_slot_name(slot.names, self.names, self.policy)
+        return name != current and resolve_name(current, self.names, self.policy) is not None
 
     def _is_duplicate(self, slot: Slot, frag: str) -> bool:
         value = _loads(frag)
         return value is not _NOT_JSON and value == slot.args.parsed()
 
-    def _open(self, ch: ChoiceState, index: Any, *, split: bool) -> Slot:
+    def _open(self, ch: ChoiceState, index: Any, *, split: Slot | None) -> Slot:
         for s in ch.slots:
             if not s.closed and s.args.complete:
                 s.closed = True
@@ -533,7 +555,11 @@ class Accumulator:
         if index is not None:
             ch.by_index[index] = slot
         ch.current = slot
-        if isinstance(index, int) and index != slot.position and not split:
+        if split is not None and split.pending is not None:
+            slot.id, name = split.pending  # the header that announced this call (C09 without ids)
+            slot.names.append(name)
+            split.pending = None
+        if isinstance(index, int) and index != slot.position and split is None:
             self.note(K.TOOL_CALL_INDEX_GAP, Action.NORMALIZED,
                       f"tool-call index {index} for slot {slot.position}", ch.index, slot.position)
         return slot
@@ -541,13 +567,14 @@ class Accumulator:
     def _opened(self, ch: ChoiceState, slot: Slot, tc: dict[str, Any], tid: str | None,
                 name: str | None) -> None:
         """First delta of a slot: id, type (C12), name (C05 when absent)."""
-        slot.id = tid
-        if ident(tc.get("type")) is None:
+        inherited = bool(slot.names)
+        slot.id = tid or slot.id
+        if ident(tc.get("type")) is None and not inherited:
             self.note(K.TOOL_CALL_TYPE_MISSING, Action.NORMALIZED,
                       "tool call without type; 'function' assumed", ch.index, slot.position)
-        if name:
+        if name and not inherited:
             slot.names.append(name)
-        else:
+        elif not name and not inherited:
             slot.opened_nameless = True
 
     def _continued(self, ch: ChoiceState, slot: Slot, tid: str | None, name: str | None,

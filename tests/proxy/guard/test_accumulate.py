@@ -460,3 +460,17 @@ def test_it_accepts_a_single_declared_tool_called_without_schema():
     request = RequestSpec(tools=(ToolSpec("ping"),))
     assert calls_of(run(sse(tools(call(0, "a", "ping", '{"x":[1]}')), finish()), request)[0]) == [
         ("ping", {"x": [1]})]
+
+
+def test_it_splits_calls_without_ids_at_a_shared_index_by_their_headers():
+    """C09 + C08: a no-argument call then another declared tool, and two calls of one tool with headers."""
+    body = sse(tools(call(0, MISSING, "get_time", "")), tools(call(0, MISSING, "read_file", "")),
+               tools(call(0, args='{"path":"k"}')), finish())
+    assert calls_of(run(body)[0]) == [("get_time", {}), ("read_file", {"path": "k"})]
+    body = sse(tools(call(0, MISSING, "read_file", "")), tools(call(0, args='{"path":"1"}')),
+               tools(call(0, MISSING, "read_file", "")), tools(call(0, args='{"path":"2"}')), finish())
+    d, _ = run(body, step=5)
+    assert calls_of(d) == [("read_file", {"path": "1"}), ("read_file", {"path": "2"})]
+    body = sse(tools(call(0, MISSING, "read_file", '{"path":"1"}')), tools(call(0, MISSING, "read_file", "")),
+               finish())
+    assert calls_of(run(body)[0]) == [("read_file", {"path": "1"})]  # a trailing repeat, not a call
