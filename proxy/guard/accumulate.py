@@ -476,7 +476,8 @@ class Accumulator:
 
     def _tool_delta(self, ch: ChoiceState, tc: dict[str, Any], *, finishing: bool) -> None:
         tid = ident(tc.get("id"))
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        raw_fn = tc.get("function")
+        fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else {}
         name = ident(fn.get("name"))
         frag, is_object = _fragment(fn.get("arguments"))
         slot, new = self._route(ch, tc.get("index"), tid, name, frag)

@@ -65,7 +65,7 @@ class AttemptGuard:
         try:
             for ev in self._sse.feed(data):
                 self._event(ev, out)
-                if self._aborted:
+                if self._stopped():
                     break
         except Exception as exc:  # noqa: BLE001 - the invariant: garbage in, a decision out
             self._internal(exc, out)
@@ -99,6 +99,10 @@ class AttemptGuard:
         return out
 
     # -- wiring ----------------------------------------------------------------------------------
+
+    def _stopped(self) -> bool:
+        """True once aborted (a method, so type checkers do not pin the flag across calls)."""
+        return self._aborted
 
     def _event(self, ev: SSEEvent, out: list[Event]) -> None:
         self._items(self._acc.feed(ev), Where(ev.frame, ev.offset, ev.raw), out)

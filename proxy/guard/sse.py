@@ -95,9 +95,10 @@ class SSEDecoder:
         self._consumed += len(data)
         pos = 0
         if not self._bom_checked:
-            data, pos = self._strip_bom(data)
-            if not self._bom_checked:
+            head = self._strip_bom(data)
+            if head is None:
                 return out
+            data, pos = head
             start = 0  # ``data`` now holds the body from its first byte
         if self._skip_lf:
             self._skip_lf = False
@@ -133,12 +134,15 @@ class SSEDecoder:
             self._dispatch(out, terminated=False)
         return out
 
-    def _strip_bom(self, data: bytes) -> tuple[bytes, int]:
-        """Hold bytes until the first three are known; drop a leading UTF-8 BOM (PROTOCOLS.md 5.1)."""
+    def _strip_bom(self, data: bytes) -> tuple[bytes, int] | None:
+        """Hold bytes until the first three are known; drop a leading UTF-8 BOM (PROTOCOLS.md 5.1).
+
+        Returns the body so far and where its first line starts, or None while still undecided.
+        """
         head = bytes(self._partial) + data
         if len(head) < len(_BOM) and _BOM.startswith(head):
             self._partial = bytearray(head)
-            return data, len(data)
+            return None
         self._bom_checked = True
         self._partial.clear()
         skip = len(_BOM) if head.startswith(_BOM) else 0

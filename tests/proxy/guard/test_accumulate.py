@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from proxy.guard.attempt import AttemptGuard, decide_completion
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, FindingKind
@@ -31,7 +33,7 @@ K = FindingKind
 W = '{"city":"Paris"}'
 
 
-def test_it_ignores_empty_names_on_continuations_of_parallel_calls():
+def test_it_ignores_empty_names_on_continuations_of_parallel_calls() -> None:
     """C01 at slot 1: ``name: ""`` on continuations never renames or splits a call."""
     body = sse(
         tools(call(0, "c1", "read_file", "")),
@@ -45,7 +47,7 @@ def test_it_ignores_empty_names_on_continuations_of_parallel_calls():
     assert K.EMPTY_NAME_ON_CONTINUATION in kinds(d) and d.outcome is Outcome.NORMALIZED
 
 
-def test_it_keeps_repeated_names_once_in_interleaved_choices():
+def test_it_keeps_repeated_names_once_in_interleaved_choices() -> None:
     """C03 with n=2: the full name on every delta of both choices is not appended."""
     body = sse(
         chunk(choice({"tool_calls": [call(0, "a", "read_file", '{"pa')]}),
@@ -60,7 +62,7 @@ def test_it_keeps_repeated_names_once_in_interleaved_choices():
     assert K.NAME_REPEATED_EVERY_CHUNK in kinds(d)
 
 
-def test_it_takes_a_name_that_arrives_after_the_arguments_started():
+def test_it_takes_a_name_that_arrives_after_the_arguments_started() -> None:
     """C05: no name key at all on the opening delta; the name comes two deltas later."""
     body = sse(
         tools(call(0, "c1", MISSING, "")),
@@ -74,7 +76,7 @@ def test_it_takes_a_name_that_arrives_after_the_arguments_started():
     assert not any(isinstance(e, Abort) for e in events)
 
 
-def test_it_joins_names_split_in_fragments_and_name_snapshots():
+def test_it_joins_names_split_in_fragments_and_name_snapshots() -> None:
     """C06: ``ge``+``t_wea``+``ther``, and cumulative ``get``/``get_``/``get_weather`` snapshots."""
     split = sse(tools(call(0, "c", "ge", "")), tools(call(0, name="t_wea")), tools(call(0, name="ther", args=W)),
                 finish())
@@ -85,13 +87,13 @@ def test_it_joins_names_split_in_fragments_and_name_snapshots():
     assert K.NAME_SPLIT_ACROSS_CHUNKS in kinds(d)
 
 
-def test_it_prefers_the_repeated_declared_name_over_a_longer_concatenation():
+def test_it_prefers_the_repeated_declared_name_over_a_longer_concatenation() -> None:
     """C03 vs C06: ``get`` then ``get`` is a repeat of a declared name, not ``getget``."""
     body = sse(tools(call(0, "c", "get", "")), tools(call(0, name="get", args="{}")), finish())
     assert calls_of(run(body)[0]) == [("get", {})]
 
 
-def test_it_keeps_the_first_id_when_continuations_change_it():
+def test_it_keeps_the_first_id_when_continuations_change_it() -> None:
     """C07: later ids (``toolcall0``, literal ``"null"``) on argument-only deltas are continuations."""
     body = sse(
         tools(call(0, "chatcmpl-tool-9", "read_file", "")),
@@ -105,7 +107,7 @@ def test_it_keeps_the_first_id_when_continuations_change_it():
     assert K.TOOL_CALL_ID_CHANGES_MID_STREAM in kinds(d)
 
 
-def test_it_mints_distinct_ids_for_parallel_calls_without_ids():
+def test_it_mints_distinct_ids_for_parallel_calls_without_ids() -> None:
     """C08 for two calls: each gets its own stable ``call_`` id, the same in ``ToolCallValid``."""
     body = sse(tools(call(0, MISSING, "get_time", "{}")), tools(call(1, MISSING, "get_time", "")), finish())
     d, events = run(body)
@@ -116,7 +118,7 @@ def test_it_mints_distinct_ids_for_parallel_calls_without_ids():
     assert [v.call.id for v in valid] == ids[:1]
 
 
-def test_it_splits_parallel_calls_that_share_an_index():
+def test_it_splits_parallel_calls_that_share_an_index() -> None:
     """C09: three complete calls at index 0 (ids and no ids), and a new id+name before args complete."""
     body = sse(
         tools(call(0, "a", "read_file", '{"path":"1"}')),
@@ -140,7 +142,7 @@ def test_it_splits_parallel_calls_that_share_an_index():
     assert K.PARALLEL_CALLS_SHARE_INDEX_0 in kinds(d)
 
 
-def test_it_assigns_missing_indexes_by_order_of_appearance():
+def test_it_assigns_missing_indexes_by_order_of_appearance() -> None:
     """C10: no index anywhere; a new id opens the next slot, no id continues the current one."""
     body = sse(
         tools(call(MISSING, "a", "read_file", '{"path":')),
@@ -154,7 +156,7 @@ def test_it_assigns_missing_indexes_by_order_of_appearance():
     assert K.TOOL_CALL_INDEX_MISSING in kinds(d)
 
 
-def test_it_renumbers_indexes_that_are_not_zero_based():
+def test_it_renumbers_indexes_that_are_not_zero_based() -> None:
     """Indexes 3 and 5 become slots 0 and 1."""
     body = sse(tools(call(3, "a", "get_time", "{}")), tools(call(5, "b", "read_file", '{"path":"z"}')), finish())
     d, _ = run(body)
@@ -162,7 +164,7 @@ def test_it_renumbers_indexes_that_are_not_zero_based():
     assert K.TOOL_CALL_INDEX_GAP in kinds(d)
 
 
-def test_it_defaults_a_missing_empty_or_null_type():
+def test_it_defaults_a_missing_empty_or_null_type() -> None:
     """C12: ``type`` absent, ``""`` or null on the opening delta."""
     for t in (MISSING, "", None):
         d, _ = run(sse(tools(call(0, "a", "get_weather", W, type=t)), finish()))
@@ -170,7 +172,7 @@ def test_it_defaults_a_missing_empty_or_null_type():
         assert K.TOOL_CALL_TYPE_MISSING in kinds(d)
 
 
-def test_it_serialises_object_arguments_and_rejects_mixed_fragments():
+def test_it_serialises_object_arguments_and_rejects_mixed_fragments() -> None:
     """C13: object arguments on a second call; array arguments are not an object; mixed -> abort."""
     body = sse(tools(call(0, "a", "get_time", "{}")), tools(call(1, "b", "write_file", {"path": "p", "n": 2})),
                finish())
@@ -183,7 +185,7 @@ def test_it_serialises_object_arguments_and_rejects_mixed_fragments():
     assert any(isinstance(e, Abort) for e in events)
 
 
-def test_it_reads_cumulative_snapshots_of_parallel_calls_without_aborting():
+def test_it_reads_cumulative_snapshots_of_parallel_calls_without_aborting() -> None:
     """C14 on two calls, streamed byte by byte: the last snapshot of each call wins."""
     snaps = ['{"path": "d', '{"path": "docs/', '{"path": "docs/a.md"}']
     body = sse(*(tools(call(0, "a", "read_file" if i == 0 else MISSING, s)) for i, s in enumerate(snaps)),
@@ -194,7 +196,7 @@ def test_it_reads_cumulative_snapshots_of_parallel_calls_without_aborting():
     assert not any(isinstance(e, Abort) for e in events)
 
 
-def test_it_never_dedups_legitimate_repeats_in_normal_deltas():
+def test_it_never_dedups_legitimate_repeats_in_normal_deltas() -> None:
     """CASES.md: no fuzzy overlap dedup: ``100`` + ``00`` is 10000, and a prefix-looking delta is appended."""
     body = sse(tools(call(0, "a", "write_file", '{"path":"p","n":100')), tools(call(0, args="00}")), finish())
     assert calls_of(run(body)[0]) == [("write_file", {"path": "p", "n": 10000})]
@@ -203,7 +205,7 @@ def test_it_never_dedups_legitimate_repeats_in_normal_deltas():
     assert calls_of(run(body)[0]) == [("write_file", {"path": "{", "content": '{"path":'})]
 
 
-def test_it_drops_re_sent_complete_arguments_as_string_or_object():
+def test_it_drops_re_sent_complete_arguments_as_string_or_object() -> None:
     """C15: the consolidated re-send (string, or object) of equal arguments is a duplicate."""
     for resend in ('{"path": "r"}', {"path": "r"}):
         body = sse(tools(call(0, "a", "read_file", '{"path":')), tools(call(0, args='"r"}')),
@@ -214,14 +216,14 @@ def test_it_drops_re_sent_complete_arguments_as_string_or_object():
         assert not any(isinstance(e, Abort) for e in events)
 
 
-def test_it_treats_a_different_complete_resend_as_a_new_call():
+def test_it_treats_a_different_complete_resend_as_a_new_call() -> None:
     """C15 vs C09: a different complete value at the same index is another call (here unnamed -> retry)."""
     body = sse(tools(call(0, "a", "read_file", '{"path":"r"}')), tools(call(0, args='{"path":"s"}')), finish())
     d, _ = run(body)
     assert d.outcome is Outcome.RETRY and K.PARALLEL_CALLS_SHARE_INDEX_0 in kinds(d)
 
 
-def test_it_accepts_whole_parallel_calls_in_one_delta():
+def test_it_accepts_whole_parallel_calls_in_one_delta() -> None:
     """C17: two complete calls in one chunk."""
     body = sse(tools(call(0, "a", "get_weather", W), call(1, "b", "get_time", "")), finish())
     d, _ = run(body)
@@ -229,7 +231,7 @@ def test_it_accepts_whole_parallel_calls_in_one_delta():
     assert K.SINGLE_CHUNK_COMPLETE_CALL in kinds(d)
 
 
-def test_it_reads_a_final_delta_repeating_metadata_with_finish_in_two_choices():
+def test_it_reads_a_final_delta_repeating_metadata_with_finish_in_two_choices() -> None:
     """C18 with n=2: last fragment + id/name + finish_reason in one chunk, per choice."""
     body = sse(
         chunk(choice({"tool_calls": [call(0, "x", "get_weather", '{"city": "Pa')]}),
@@ -243,7 +245,7 @@ def test_it_reads_a_final_delta_repeating_metadata_with_finish_in_two_choices():
     assert K.FINAL_CHUNK_REPEATS_METADATA_WITH_FINISH in kinds(d)
 
 
-def test_it_reads_blank_arguments_as_an_empty_object():
+def test_it_reads_blank_arguments_as_an_empty_object() -> None:
     """C19: whitespace-only arguments; fine without required parameters, a retry with them."""
     d, _ = run(sse(tools(call(0, "a", "get_time", "  ")), finish()))
     assert calls_of(d) == [("get_time", {})] and K.EMPTY_ARGUMENTS_FOR_NO_ARG_TOOL in kinds(d)
@@ -251,7 +253,7 @@ def test_it_reads_blank_arguments_as_an_empty_object():
     assert d.outcome is Outcome.RETRY and K.SCHEMA_VIOLATION in kinds(d)
 
 
-def test_it_never_turns_truncated_arguments_into_a_call():
+def test_it_never_turns_truncated_arguments_into_a_call() -> None:
     """C24: ``length`` with open arguments, and a stream cut without any finish reason, are retries."""
     cut = [tools(call(0, "a", "write_file", '{"path":"p","content":"li'))]
     d, _ = run(sse(*cut, finish("length")))
@@ -262,7 +264,7 @@ def test_it_never_turns_truncated_arguments_into_a_call():
     assert d.outcome is Outcome.RETRY
 
 
-def test_it_decides_the_finish_reason_once_at_the_end():
+def test_it_decides_the_finish_reason_once_at_the_end() -> None:
     """C32-C34 in combination: stop/""/duplicates with calls -> tool_calls; length wins over all."""
     body = sse(tools(call(0, "a", "get_time", "{}")), finish(""), finish("stop"), finish("tool_calls"))
     d, _ = run(body)
@@ -276,7 +278,7 @@ def test_it_decides_the_finish_reason_once_at_the_end():
     assert d.turn is not None and d.turn.choices[0].finish_reason == "stop"
 
 
-def test_it_decides_finish_per_choice():
+def test_it_decides_finish_per_choice() -> None:
     """C32 with n=2: the choice with a call gets tool_calls, the text-only choice keeps stop."""
     body = sse(
         chunk(choice({"content": "hello"}, index=1), choice({"tool_calls": [call(0, "a", "get_time", "{}")]})),
@@ -289,7 +291,7 @@ def test_it_decides_finish_per_choice():
     assert released(events, 1) == "hello"
 
 
-def test_it_drops_legacy_function_call_stubs_and_reads_real_ones():
+def test_it_drops_legacy_function_call_stubs_and_reads_real_ones() -> None:
     """C34: an empty ``function_call`` stub is dropped; a real legacy one becomes a call."""
     body = sse(chunk(choice({"function_call": {"name": "get_time", "arguments": ""}})),
                chunk(choice({"function_call": {"arguments": "{}"}}, "function_call")))
@@ -298,7 +300,7 @@ def test_it_drops_legacy_function_call_stubs_and_reads_real_ones():
     assert d.turn is not None and d.turn.choices[0].finish_reason == "tool_calls"
 
 
-def test_it_keeps_usage_and_skips_empty_and_filter_chunks():
+def test_it_keeps_usage_and_skips_empty_and_filter_chunks() -> None:
     """C36, C37: empty choices first and last, usage captured, choices without delta skipped."""
     body = sse(
         chunk(cid="", prompt_filter_results=[]),
@@ -314,7 +316,7 @@ def test_it_keeps_usage_and_skips_empty_and_filter_chunks():
     assert {K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, K.CONTENT_FILTER_ANNOTATION_CHUNKS} <= kinds(d)
 
 
-def test_it_turns_in_band_errors_into_upstream_errors():
+def test_it_turns_in_band_errors_into_upstream_errors() -> None:
     """C41: a top-level error (dict or string) or ``event: error`` aborts; ``finish_reason: error`` retries."""
     for err in ({"code": 503, "message": "overloaded"}, "overloaded"):
         d, events = run(sse(text("a"), chunk(error=err)))
@@ -327,7 +329,7 @@ def test_it_turns_in_band_errors_into_upstream_errors():
     assert d.outcome is Outcome.UPSTREAM_ERROR and d.error is not None and not d.error.retryable
 
 
-def test_it_retries_unparseable_foreign_and_regenerated_frames():
+def test_it_retries_unparseable_foreign_and_regenerated_frames() -> None:
     """C45 family: a non-JSON frame, a JSON frame that is not an object, and a changed completion id."""
     for bad in ("{not json", "[1, 2]"):
         d, events = run(sse(text("a"), bad, finish("stop")))
@@ -336,7 +338,7 @@ def test_it_retries_unparseable_foreign_and_regenerated_frames():
     assert d.outcome is Outcome.RETRY and K.COMPLETION_ID_CHANGED in kinds(d)
 
 
-def test_it_aborts_when_arguments_can_no_longer_be_json():
+def test_it_aborts_when_arguments_can_no_longer_be_json() -> None:
     """Early abort on dead arguments, at the frame that killed them; none with early_abort off."""
     body = sse(tools(call(0, "a", "read_file", '{"path":"x"}}')), tools(call(0, args="more")), finish())
     d, events = run(body)
@@ -347,7 +349,7 @@ def test_it_aborts_when_arguments_can_no_longer_be_json():
     assert d2.outcome is Outcome.RETRY and not any(isinstance(e, Abort) for e in events2)
 
 
-def test_it_aborts_on_an_undeclared_name_only_once_the_call_is_closed():
+def test_it_aborts_on_an_undeclared_name_only_once_the_call_is_closed() -> None:
     """An unrepairable name aborts when a later call opens, never while the name may still grow."""
     body = sse(tools(call(0, "a", "toolbox.web", '{"q":1}')), tools(call(1, "b", "get_time", "{}")), finish())
     d, events = run(body)
@@ -358,7 +360,7 @@ def test_it_aborts_on_an_undeclared_name_only_once_the_call_is_closed():
     assert d.outcome is Outcome.REPAIRED and not any(isinstance(e, Abort) for e in events)
 
 
-def test_it_announces_valid_calls_when_the_next_call_opens():
+def test_it_announces_valid_calls_when_the_next_call_opens() -> None:
     """``ToolCallValid`` for slot 0 once slot 1 opens; none for an invalid call."""
     body = sse(tools(call(0, "a", "get_weather", W)), tools(call(1, "b", "read_file", '{"nope":1}')), finish())
     d, events = run(body, policy=GuardPolicy(early_abort=False))
@@ -367,7 +369,7 @@ def test_it_announces_valid_calls_when_the_next_call_opens():
     assert d.outcome is Outcome.RETRY
 
 
-def test_it_streams_text_reasoning_and_refusal_per_choice():
+def test_it_streams_text_reasoning_and_refusal_per_choice() -> None:
     """Text deltas are released per choice and channel as they arrive, in order."""
     body = sse(text("thinking", "reasoning_content"), text("Hel"), text("lo", index=1), text("lo"),
                text("no", "refusal"), finish("stop"), finish("stop", 1))
@@ -378,7 +380,7 @@ def test_it_streams_text_reasoning_and_refusal_per_choice():
     assert d.turn.choices[0].refusal == "no"
 
 
-def test_it_holds_text_until_the_end_when_streaming_is_off():
+def test_it_holds_text_until_the_end_when_streaming_is_off() -> None:
     """``stream_text=False``: every TextDelta comes from ``finish()``, before ``Done``."""
     guard = AttemptGuard(TOOLS, GuardPolicy(stream_text=False))
     assert not [e for e in guard.feed(sse(text("abc"), finish("stop"))) if isinstance(e, TextDelta)]
@@ -386,13 +388,13 @@ def test_it_holds_text_until_the_end_when_streaming_is_off():
     assert [e.text for e in tail if isinstance(e, TextDelta)] == ["abc"] and isinstance(tail[-1], Done)
 
 
-def test_it_rejects_an_empty_turn():
+def test_it_rejects_an_empty_turn() -> None:
     """Never an empty success: no text and no call is a retry."""
     assert run(sse(chunk(choice({"role": "assistant", "content": ""})), finish("stop")))[0].outcome is Outcome.RETRY
     assert run(sse())[0].outcome is Outcome.RETRY
 
 
-def test_it_ignores_frames_after_done_and_tolerates_missing_done():
+def test_it_ignores_frames_after_done_and_tolerates_missing_done() -> None:
     """PROTOCOLS.md 1.5: nothing counts after ``[DONE]``; a missing ``[DONE]`` after a finish is absorbed."""
     d, _ = run(sse(text("a"), finish("stop")) + sse(text("b")))
     assert d.turn is not None and d.turn.choices[0].content == "a"
@@ -400,7 +402,7 @@ def test_it_ignores_frames_after_done_and_tolerates_missing_done():
     assert d.usable and K.EOF_WITHOUT_DONE in kinds(d)
 
 
-def test_it_ties_findings_to_their_frame():
+def test_it_ties_findings_to_their_frame() -> None:
     """Findings carry frame number, byte offset and the capped frame text."""
     body = sse(text("a"), tools(call(0, "a", "get_weather", W, type=MISSING)), finish())
     d, _ = run(body)
@@ -409,7 +411,7 @@ def test_it_ties_findings_to_their_frame():
     assert f.action is Action.NORMALIZED
 
 
-def test_it_validates_non_stream_completions_the_same_way():
+def test_it_validates_non_stream_completions_the_same_way() -> None:
     """``decide_completion``: tool calls, leaked markup in content, in-band errors, garbage."""
     message = {"role": "assistant", "content": None,
                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "functions.get_time",
@@ -427,7 +429,7 @@ def test_it_validates_non_stream_completions_the_same_way():
     assert decide_completion(b"<html>", TOOLS, GuardPolicy()).outcome is Outcome.RETRY
 
 
-def test_it_validates_against_the_request_without_tools():
+def test_it_validates_against_the_request_without_tools() -> None:
     """No declared tools: markup is plain text and any structured call is undeclared."""
     plain = RequestSpec(tools=())
     d, events = run(sse(text("<tool_call>{}</tool_call>"), finish("stop")), plain)
@@ -435,18 +437,18 @@ def test_it_validates_against_the_request_without_tools():
     assert run(sse(tools(call(0, "a", "x", "{}")), finish()), plain)[0].outcome is Outcome.RETRY
 
 
-def test_it_checks_tool_choice_with_a_named_tool():
+def test_it_checks_tool_choice_with_a_named_tool() -> None:
     """A forced tool that was not called is a retry (validated on the accumulated turn)."""
     forced = RequestSpec(tools=TOOLS.tools, tool_choice="read_file")
     assert run(sse(tools(call(0, "a", "get_time", "{}")), finish()), forced)[0].outcome is Outcome.RETRY
     assert run(sse(tools(call(0, "a", "read_file", '{"path":"x"}')), finish()), forced)[0].usable
 
 
-def test_it_never_raises_and_reports_internal_errors_as_retries(monkeypatch):
+def test_it_never_raises_and_reports_internal_errors_as_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A guard bug becomes a GUARD_INTERNAL_ERROR retry, not an exception."""
     from proxy.guard import accumulate
 
-    def boom(*_a, **_k):
+    def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(accumulate.Accumulator, "_chunk", boom)
@@ -455,14 +457,14 @@ def test_it_never_raises_and_reports_internal_errors_as_retries(monkeypatch):
     assert isinstance(events[-1], Done)
 
 
-def test_it_accepts_a_single_declared_tool_called_without_schema():
+def test_it_accepts_a_single_declared_tool_called_without_schema() -> None:
     """Tools declared without parameters accept any object."""
     request = RequestSpec(tools=(ToolSpec("ping"),))
     assert calls_of(run(sse(tools(call(0, "a", "ping", '{"x":[1]}')), finish()), request)[0]) == [
         ("ping", {"x": [1]})]
 
 
-def test_it_splits_calls_without_ids_at_a_shared_index_by_their_headers():
+def test_it_splits_calls_without_ids_at_a_shared_index_by_their_headers() -> None:
     """C09 + C08: a no-argument call then another declared tool, and two calls of one tool with headers."""
     body = sse(tools(call(0, MISSING, "get_time", "")), tools(call(0, MISSING, "read_file", "")),
                tools(call(0, args='{"path":"k"}')), finish())

@@ -34,12 +34,13 @@ ACTIONS = {
 
 
 def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+    case: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return case
 
 
 def body_of(case: dict[str, Any]) -> bytes:
     if case.get("raw_sse") is not None:
-        return case["raw_sse"].encode("utf-8")
+        return str(case["raw_sse"]).encode("utf-8")
     return "".join(f"data: {c}\n\n" for c in case["upstream_chunks"]).encode("utf-8")
 
 
@@ -160,4 +161,5 @@ def test_it_aborts_early_on_the_fatal_corpus_cases() -> None:
         aborts = [e for e in events if isinstance(e, Abort)]
         assert len(aborts) == 1 and aborts[0].finding.kind.value == case["kind"], name
         assert guard.feed(b"data: {}\n\n") == []
-        assert not guard.finish()[-1].decision.usable
+        done = guard.finish()[-1]
+        assert isinstance(done, Done) and not done.decision.usable

@@ -10,7 +10,7 @@ from proxy.guard.events import Abort
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.markup import MarkupScanner, ScanResult, extract_markup
 from proxy.guard.policy import GuardPolicy, Repair
-from proxy.guard.turn import Outcome, RequestSpec
+from proxy.guard.turn import Outcome, RequestSpec, ToolSpec
 
 from .builders import TOOLS, calls_of, choice, chunk, finish, kinds, released, run, sse, text
 
@@ -18,7 +18,8 @@ K = FindingKind
 HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-def scan_pieces(pieces: list[str], tools=TOOLS.tools, allow: bool = True) -> tuple[list[str], ScanResult]:
+def scan_pieces(pieces: list[str], tools: tuple[ToolSpec, ...] = TOOLS.tools,
+                allow: bool = True) -> tuple[list[str], ScanResult]:
     """Feed ``pieces``; return what each feed released and the merged result (finish included)."""
     scanner = MarkupScanner(0, tools, allow=allow)
     total = ScanResult()
@@ -38,7 +39,7 @@ def parsed(result: ScanResult) -> list[tuple[str, object]]:
     return [(c.name, json.loads(c.arguments)) for c in result.calls]
 
 
-def test_it_extracts_hermes_blocks_at_every_split():
+def test_it_extracts_hermes_blocks_at_every_split() -> None:
     """C26 with text around the block: same text and call wherever the text is cut."""
     whole = "Checking. " + HERMES + " Done."
     for i in range(len(whole) + 1):
@@ -49,20 +50,20 @@ def test_it_extracts_hermes_blocks_at_every_split():
         assert res.findings[0].action is Action.REPAIRED
 
 
-def test_it_holds_only_a_possible_marker_start():
+def test_it_holds_only_a_possible_marker_start() -> None:
     """Plain text goes out at once; ``<`` waits only while it can still start a marker."""
     releases, res = scan_pieces(["a < b", " <t", "ool", "box> x", "<", "p>"])
     assert releases == ["a < b", " ", "", "<toolbox> x", "", "<p>", ""]
     assert res.text == "a < b <toolbox> x<p>" and not res.calls
 
 
-def test_it_releases_a_held_tail_at_the_end():
+def test_it_releases_a_held_tail_at_the_end() -> None:
     """A dangling possible marker start is text when the channel ends."""
     releases, res = scan_pieces(["see <minimax:tool"])
     assert releases == ["see ", "<minimax:tool"] and not res.findings
 
 
-def test_it_streams_plain_text_with_a_bounded_delay():
+def test_it_streams_plain_text_with_a_bounded_delay() -> None:
     """Per-character feeding of prose with many ``<`` holds back a few characters at most."""
     prose = "if a<b and c <= d then <x> <tool or <|x| done " * 3
     scanner = MarkupScanner(0, TOOLS.tools)
@@ -74,7 +75,7 @@ def test_it_streams_plain_text_with_a_bounded_delay():
 
 
 @pytest.mark.parametrize("bar,space", [("｜", "▁"), ("|", "_"), ("｜", "_"), ("|", "▁")])
-def test_it_extracts_deepseek_tokens_in_every_spelling(bar, space):
+def test_it_extracts_deepseek_tokens_in_every_spelling(bar: str, space: str) -> None:
     """C27: ``｜``/``|`` and ``▁``/``_`` variants; two calls, fenced and V3.1 unfenced shapes."""
     def tok(name: str) -> str:
         return f"<{bar}{name.replace('_', space)}{bar}>"
@@ -87,7 +88,7 @@ def test_it_extracts_deepseek_tokens_in_every_spelling(bar, space):
     assert res.text == "" and res.findings[0].kind is K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT
 
 
-def test_it_extracts_deepseek_dsml_residue():
+def test_it_extracts_deepseek_dsml_residue() -> None:
     """C27 family: DeepSeek DSML ``<｜DSML｜invoke>`` with ``string`` attributes."""
     block = ('<｜DSML｜function_calls>\n<｜DSML｜invoke name="write_file">\n'
              '<｜DSML｜parameter name="path" string="true">007</｜DSML｜parameter>\n'
@@ -97,7 +98,7 @@ def test_it_extracts_deepseek_dsml_residue():
     assert res.text == "x" and parsed(res) == [("write_file", {"path": "007", "n": 7})]
 
 
-def test_it_extracts_kimi_sections_and_bare_calls():
+def test_it_extracts_kimi_sections_and_bare_calls() -> None:
     """C29: two calls in a section (``functions.<name>:<n>`` ids), and a bare call without section."""
     section = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
                '<|tool_call_argument_begin|>{"city": "Rome"}<|tool_call_end|>'
@@ -112,7 +113,7 @@ def test_it_extracts_kimi_sections_and_bare_calls():
     assert res.findings[0].kind is K.KIMI_SECTION_TOKENS_IN_CONTENT
 
 
-def test_it_types_minimax_parameters_by_schema():
+def test_it_types_minimax_parameters_by_schema() -> None:
     """C31: integer parameters parsed, string parameters kept as text even when they look numeric."""
     block = ('<minimax:tool_call>\n<invoke name="write_file">\n<parameter name="path">42</parameter>\n'
              '<parameter name="n">3</parameter>\n<parameter name="content">\nline\n</parameter>\n</invoke>\n'
@@ -121,7 +122,7 @@ def test_it_types_minimax_parameters_by_schema():
     assert parsed(res) == [("write_file", {"path": "42", "n": 3, "content": "line"}), ("get_time", {})]
 
 
-def test_it_extracts_function_tag_forms():
+def test_it_extracts_function_tag_forms() -> None:
     """``<function=name>{…}</function>``, Groq's ``<function=name{…}</function>``, parameter tags."""
     forms = [
         '<function=get_weather>{"city": "Paris"}</function>',
@@ -135,14 +136,14 @@ def test_it_extracts_function_tag_forms():
     assert extract_markup(forms[0], TOOLS.tools).findings[0].kind is K.FUNCTION_TAG_MARKUP_IN_CONTENT
 
 
-def test_it_reports_unparseable_blocks_as_retries():
+def test_it_reports_unparseable_blocks_as_retries() -> None:
     """An unreadable block is a retry finding (and no call); prose after it is still released."""
     res = extract_markup("<tool_call>{not json</tool_call> after", TOOLS.tools)
     assert not res.calls and res.text == " after"
     assert [(f.kind, f.action) for f in res.findings] == [(K.LEAKED_MARKUP_UNPARSEABLE, Action.RETRY)]
 
 
-def test_it_reads_an_unclosed_block_at_the_end_only_when_complete():
+def test_it_reads_an_unclosed_block_at_the_end_only_when_complete() -> None:
     """A closer eaten by the stop token: a complete block is recovered, a cut one is a retry."""
     res = extract_markup('<tool_call>{"name":"get_time","arguments":{}}', TOOLS.tools)
     assert parsed(res) == [("get_time", {})]
@@ -150,7 +151,7 @@ def test_it_reads_an_unclosed_block_at_the_end_only_when_complete():
     assert not res.calls and res.findings[0].action is Action.RETRY
 
 
-def test_it_retries_leaked_markup_when_the_repair_is_not_allowed():
+def test_it_retries_leaked_markup_when_the_repair_is_not_allowed() -> None:
     """Without ``Repair.LEAKED_MARKUP`` a recognised block is a retry, not a repair."""
     policy = GuardPolicy(repairs=frozenset(Repair) - {Repair.LEAKED_MARKUP})
     d, events = run(sse(text(HERMES), finish("stop")), policy=policy)
@@ -158,7 +159,7 @@ def test_it_retries_leaked_markup_when_the_repair_is_not_allowed():
     assert any(isinstance(e, Abort) for e in events)
 
 
-def test_it_recovers_markup_from_reasoning_and_per_choice():
+def test_it_recovers_markup_from_reasoning_and_per_choice() -> None:
     """Markup in ``reasoning_content`` and in choice 1 of two interleaved choices."""
     body = sse(
         chunk(choice({"reasoning_content": "think "}), choice({"content": HERMES[:20]}, index=1)),
@@ -172,14 +173,14 @@ def test_it_recovers_markup_from_reasoning_and_per_choice():
     assert d.outcome is Outcome.REPAIRED
 
 
-def test_it_keeps_markup_as_text_when_tool_choice_is_none():
+def test_it_keeps_markup_as_text_when_tool_choice_is_none() -> None:
     """``tool_choice: none``: no calls are wanted, so nothing is extracted."""
     request = RequestSpec(tools=TOOLS.tools, tool_choice="none")
     d, events = run(sse(text(HERMES), finish("stop")), request)
     assert d.usable and released(events) == HERMES
 
 
-def test_it_combines_structured_and_leaked_calls():
+def test_it_combines_structured_and_leaked_calls() -> None:
     """Structured calls first, then calls recovered from text, in one choice."""
     from .builders import call, tools
 

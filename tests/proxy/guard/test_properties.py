@@ -332,7 +332,7 @@ def truncate(frames: list[Any]) -> list[Any]:
         delta = fr.get("choices", [{}])[0].get("delta", {}) if isinstance(fr, dict) and fr.get("choices") else {}
         calls = delta.get("tool_calls") if isinstance(delta, dict) else None
         args = calls[0]["function"].get("arguments") if calls else None
-        if isinstance(args, str) and len(args.strip()) > 1:
+        if calls and isinstance(args, str) and len(args.strip()) > 1:
             index = fr["choices"][0]["index"]
             calls[0]["function"]["arguments"] = args.strip()[:-1]
             cut = [x for x in frames[: i + 1] if not (isinstance(x, dict) and x.get("choices")
@@ -373,7 +373,7 @@ def truncated(body: bytes) -> bool:
 
 @SETTINGS
 @given(scenarios())
-def test_it_recovers_mangled_turns_exactly(scenario):
+def test_it_recovers_mangled_turns_exactly(scenario: tuple[list[Choice], Faults, bytes, list[int]]) -> None:
     """Any combination of absorbable faults yields the original turn; fatal ones yield a retry."""
     cs, f, body, cuts = scenario
     d = decide(body, cuts, len(cs))
@@ -399,7 +399,7 @@ def test_it_recovers_mangled_turns_exactly(scenario):
 
 @SETTINGS
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=4))
-def test_it_never_raises_on_arbitrary_bytes(body, cuts):
+def test_it_never_raises_on_arbitrary_bytes(body: bytes, cuts: list[int]) -> None:
     """Garbage in, a decision out: no exception, exactly one Done, no internal error."""
     d = decide(body, sorted(c for c in cuts if c <= len(body)), 1)
     assert FindingKind.GUARD_INTERNAL_ERROR not in {x.kind for x in d.findings}
@@ -416,7 +416,7 @@ JSONISH = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=3)
 
 @SETTINGS
 @given(st.lists(JSONISH, max_size=6), st.booleans())
-def test_it_never_fails_on_arbitrary_chunk_shapes(frames, done):
+def test_it_never_fails_on_arbitrary_chunk_shapes(frames: list[Any], done: bool) -> None:
     """Chunks of any JSON shape with the protocol's key names: a decision, never a guard error."""
     body = render(Faults(no_done=not done), [*frames, *(["[DONE]"] if done else [])])
     d = decide(body, [], 1)

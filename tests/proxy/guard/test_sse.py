@@ -38,7 +38,7 @@ MIXED = (
 ).encode()
 
 
-def test_it_gives_identical_events_at_every_split():
+def test_it_gives_identical_events_at_every_split() -> None:
     """Any two-piece split (inside UTF-8 sequences, inside CRLF, inside the BOM) decodes the same."""
     whole = decode(MIXED)
     assert [e.data for e in whole] == ['{"a":"é☃"}', "x\ny", "z", "", "tail"]
@@ -47,7 +47,7 @@ def test_it_gives_identical_events_at_every_split():
     assert decode_bytewise(MIXED) == whole
 
 
-def test_it_handles_crlf_cr_and_lf_line_ends_alike():
+def test_it_handles_crlf_cr_and_lf_line_ends_alike() -> None:
     """CRLF, CR and LF all end lines; a CRLF split between feeds is one line end."""
     for eol in (b"\r\n", b"\r", b"\n"):
         body = b"data: a" + eol + b"data: b" + eol + eol + b"data: c" + eol + eol
@@ -58,7 +58,7 @@ def test_it_handles_crlf_cr_and_lf_line_ends_alike():
     assert [e.data for e in events] == ["a", "b"]
 
 
-def test_it_strips_one_leading_bom_only():
+def test_it_strips_one_leading_bom_only() -> None:
     """The UTF-8 BOM is dropped at the start of the body, even split byte by byte, never elsewhere."""
     body = b"\xef\xbb\xbfdata: 1\n\n\xef\xbb\xbfdata: 2\n\n"
     assert [e.data for e in decode_bytewise(body)] == ["1"]
@@ -66,7 +66,7 @@ def test_it_strips_one_leading_bom_only():
     assert [e.data for e in decode(b"\xef\xbbdata: 1\n\n")] == []  # a broken BOM is a garbage field name
 
 
-def test_it_reports_comments_on_the_next_event_and_never_dispatches_them():
+def test_it_reports_comments_on_the_next_event_and_never_dispatches_them() -> None:
     """C40: comment lines are ignored but reported on the following event."""
     body = b": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\ndata: {}\n\n: tail\n\n"
     events = decode(body)
@@ -75,19 +75,19 @@ def test_it_reports_comments_on_the_next_event_and_never_dispatches_them():
     assert events[0].frame == 0
 
 
-def test_it_joins_multi_line_data_with_newlines():
+def test_it_joins_multi_line_data_with_newlines() -> None:
     """Spec: each data line appends value + LF; the last LF is stripped."""
     assert decode(b"data: a\ndata:\ndata:  b\n\n")[0].data == "a\n\n b"
 
 
-def test_it_accepts_data_without_a_space_and_reports_it():
+def test_it_accepts_data_without_a_space_and_reports_it() -> None:
     """C38: ``data:{...}`` is valid; the event says it had no space."""
     ev = decode(b'data:{"x":1}\n\n')[0]
     assert ev.data == '{"x":1}' and ev.no_space
     assert not decode(b'data: {"x":1}\n\n')[0].no_space
 
 
-def test_it_dispatches_an_unterminated_last_event_marked():
+def test_it_dispatches_an_unterminated_last_event_marked() -> None:
     """At EOF an event without its blank line is dispatched with ``terminated=False``."""
     events = decode(b"data: 1\n\ndata: 2")
     assert [(e.data, e.terminated) for e in events] == [("1", True), ("2", False)]
@@ -95,7 +95,7 @@ def test_it_dispatches_an_unterminated_last_event_marked():
     assert [(e.data, e.terminated) for e in events] == [("1", True), ("2", False)]
 
 
-def test_it_dispatches_a_nonstandard_error_field_without_data():
+def test_it_dispatches_a_nonstandard_error_field_without_data() -> None:
     """C43: ``error: {...}`` is kept and dispatched although the spec ignores the field."""
     ev = decode(b'error: {"code":400,"message":"too long"}\n\ndata: [DONE]\n\n')
     assert ev[0].error == '{"code":400,"message":"too long"}'
@@ -103,7 +103,7 @@ def test_it_dispatches_a_nonstandard_error_field_without_data():
     assert ev[1].data == "[DONE]" and ev[1].error is None
 
 
-def test_it_keeps_event_names_ids_retry_and_offsets():
+def test_it_keeps_event_names_ids_retry_and_offsets() -> None:
     """``event``/``id``/``retry`` fields, byte offsets of the first field line, frame numbers, raw lines."""
     body = b": hi\n\nevent: ping\n\nevent: message_start\nid: 1\nretry: 50\ndata: {}\n\ndata: 2\n\n"
     events = decode(body)
@@ -114,19 +114,19 @@ def test_it_keeps_event_names_ids_retry_and_offsets():
     assert events[0].raw == "event: message_start\nid: 1\nretry: 50\ndata: {}"
 
 
-def test_it_ignores_events_with_empty_data_buffers():
+def test_it_ignores_events_with_empty_data_buffers() -> None:
     """Spec: a blank line with no data lines dispatches nothing (``event: ping`` alone)."""
     assert decode(b"event: ping\n\nid: 3\n\nfoo: bar\n\n") == []
 
 
-def test_it_replaces_undecodable_bytes():
+def test_it_replaces_undecodable_bytes() -> None:
     """Invalid UTF-8 never raises; it becomes U+FFFD."""
     assert decode(b"data: \xff\xfe\n\n")[0].data == "\ufffd\ufffd"
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=300), st.lists(st.integers(min_value=0, max_value=300), max_size=4))
-def test_it_never_raises_on_random_bytes(body, cuts):
+def test_it_never_raises_on_random_bytes(body: bytes, cuts: list[int]) -> None:
     """Arbitrary bytes in arbitrary splits decode without raising and identically to one piece."""
     cuts = sorted(c for c in cuts if c <= len(body))
     assert decode(body, *cuts) == decode(body)
@@ -134,7 +134,7 @@ def test_it_never_raises_on_random_bytes(body, cuts):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(max_size=40), min_size=1, max_size=5), st.data())
-def test_it_round_trips_encoded_frames(texts, data):
+def test_it_round_trips_encoded_frames(texts: list[str], data: st.DataObject) -> None:
     """Encoded data frames decode back to the same JSON at any split."""
     body = b"".join(encode_data({"t": t}) for t in texts) + encode_done()
     cut = data.draw(st.integers(min_value=0, max_value=len(body)))
@@ -143,7 +143,7 @@ def test_it_round_trips_encoded_frames(texts, data):
     assert events[-1].data == "[DONE]"
 
 
-def test_it_encodes_canonical_frames():
+def test_it_encodes_canonical_frames() -> None:
     """Encoders: compact ASCII JSON, ``[DONE]``, comments without line breaks, Anthropic event pairs."""
     assert encode_data({"a": "é", "b": [1]}) == b'data: {"a":"\\u00e9","b":[1]}\n\n'
     assert encode_done() == b"data: [DONE]\n\n"
