@@ -418,6 +418,8 @@ class Accumulator:
         ch = self._choice_state(idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0)
         finish = c.get("finish_reason")
         delta = c.get("delta")
+        if delta is None and isinstance(c.get("message"), dict) and not (ch.text or ch.slots):
+            delta = c["message"]  # a whole non-stream message inside a stream: read it once, as a delta
         if isinstance(delta, dict):
             self._delta(ch, delta, finishing=ident(finish) is not None)
         elif "content_filter_results" in c or "content_filter_offsets" in c or ident(finish) is None:

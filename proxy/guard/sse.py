@@ -105,6 +105,11 @@ class SSEDecoder:
             if data[pos : pos + 1] == b"\n":
                 pos += 1
                 self._partial_offset = start + pos
+        self._split_lines(data, pos, start, out)
+        return out
+
+    def _split_lines(self, data: bytes, pos: int, start: int, out: list[SSEEvent]) -> None:
+        """Cut ``data[pos:]`` (body offset ``start`` at index 0) into lines; keep the unfinished tail."""
         for m in _EOL.finditer(data, pos):
             end = m.start()
             if end < pos:
@@ -117,10 +122,9 @@ class SSEDecoder:
                 if end + 1 < len(data):
                     pos += data[end + 1 : end + 2] == b"\n"
                 else:
-                    self._skip_lf = True
+                    self._skip_lf = True  # CRLF may be split across feeds
             self._partial_offset = start + pos
         self._partial += data[pos:]
-        return out
 
     def flush(self) -> list[SSEEvent]:
         """At EOF: dispatch a final event that lacked its blank line (marked ``terminated=False``)."""

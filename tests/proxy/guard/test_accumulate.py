@@ -476,3 +476,12 @@ def test_it_splits_calls_without_ids_at_a_shared_index_by_their_headers() -> Non
     body = sse(tools(call(0, MISSING, "read_file", '{"path":"1"}')), tools(call(0, MISSING, "read_file", "")),
                finish())
     assert calls_of(run(body)[0]) == [("read_file", {"path": "1"})]  # a trailing repeat, not a call
+
+
+def test_it_reads_a_whole_message_sent_inside_a_stream_once():
+    """A choice carrying ``message`` instead of ``delta`` counts only when nothing streamed before it."""
+    whole = chunk({"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"})
+    d, _ = run(sse(whole))
+    assert d.turn is not None and d.turn.choices[0].content == "hi"
+    d, _ = run(sse(text("hi"), whole))
+    assert d.turn is not None and d.turn.choices[0].content == "hi"
