@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,15 +333,12 @@ def _id_changes(stream: Stream, turn: Turn, ctx: FaultContext) -> None:
         _set_entry(frame, {**entry, "function": {"name": "", "arguments": arguments}})
 
 
-def _drop_key(key: str, tags: Iterable[str]) -> StreamHook:
-    """C08 / C12: a required key missing from tool-call entries of the given frames."""
-    wanted = set(tags)
+def _drop_from_headers(key: str) -> StreamHook:
+    """C08 / C12: a required key (``id``, ``type``) missing from each call's header delta."""
 
     def hook(stream: Stream, turn: Turn, ctx: FaultContext) -> None:
-        for frame in stream.frames:
-            if frame.tag in wanted:
-                for entry in frame.entries():
-                    entry.pop(key, None)
+        for frame in stream.tagged(CALL_HEAD):
+            frame.entries()[0].pop(key, None)
 
     return hook
 
@@ -520,10 +517,10 @@ FAULTS: dict[str, Fault] = {
         Fault("name-arrives-late", "C05", _has_calls, on_stream=_name_late),
         Fault("name-split-across-chunks", "C06", _long_name, on_stream=_name_split),
         Fault("tool-call-id-changes-mid-stream", "C07", _has_calls, on_stream=_id_changes),
-        Fault("tool-call-id-missing", "C08", _has_calls, on_stream=_drop_key("id", [CALL_HEAD])),
+        Fault("tool-call-id-missing", "C08", _has_calls, on_stream=_drop_from_headers("id")),
         Fault("parallel-calls-share-index-0", "C09", _two_calls, on_stream=_share_index_0),
         Fault("tool-call-index-missing", "C10", _has_calls, on_stream=_index_missing),
-        Fault("tool-call-type-missing", "C12", _has_calls, on_stream=_drop_key("type", [CALL_HEAD])),
+        Fault("tool-call-type-missing", "C12", _has_calls, on_stream=_drop_from_headers("type")),
         Fault("arguments-as-json-object", "C13", _has_calls, on_turn=_arguments_as_object),
         Fault("cumulative-arguments-snapshots", "C14", _split_arguments, on_stream=_cumulative),
         Fault("full-arguments-resent-at-end", "C15", _has_calls, on_stream=_resent_at_end),
