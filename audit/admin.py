@@ -1,0 +1,541 @@
+"""Read-only audit admin (requests, findings, raw fragments), the dashboard, and reports.
+
+Scoping: superusers see every tenant; other staff see the tenants they are members of
+(``tenants.selectors.tenants_for_user``, the one door). Rows of other tenants are not in the
+querysets at all, so their pages answer exactly like a missing primary key. Audit rows cannot be
+added, changed or deleted here. The tables grow to millions of rows: lists never count them in full
+(``CappedCountPaginator``, ``show_full_result_count = False``), filters offer choices read from a
+bounded sample or from small tables, and every filter has an index that also serves the order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db import models
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from audit import views
+from audit.fragments import render_context, render_fragment, render_frames, split_frames
+from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
+from audit.report_services import report_delete, report_enqueue
+from audit.scoping import can_view_audit, visible_tenant_ids, visible_tenants
+from tenants.models import Tenant, Upstream
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin, TabularInline
+else:
+
+    class ModelAdmin(admin.ModelAdmin):
+        """``admin.ModelAdmin``, subscriptable at runtime as in django-stubs."""
+
+        def __class_getitem__(cls, _model: object) -> type:
+            return cls
+
+    class TabularInline(admin.TabularInline):
+        """``admin.TabularInline``, subscriptable at runtime as in django-stubs."""
+
+        def __class_getitem__(cls, _models: object) -> type:
+            return cls
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class CappedCountPaginator(Paginator):  # type: ignore[type-arg]  # not subscriptable at runtime
+    """Counts at most ``CAP`` rows (``SELECT count(*) FROM (… LIMIT CAP)``), never a whole audit table.
+
+    Past the cap the list shows ``CAP`` results and its last page; filters narrow it down.
+    """
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows = self.object_list
+        if isinstance(rows, QuerySet):
+            return rows.order_by()[: self.CAP].count()
+        return min(len(rows), self.CAP)
+
+
+# ----- filters -----
+
+class TenantFilter(admin.SimpleListFilter):
+    """The user's tenants only (never other tenants' names); ``tenant_field`` holds the tenant id."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+    tenant_field = "tenant_id"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        return [(t.pk, t.name) for t in visible_tenants(request)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(**{self.tenant_field: int(value)}) if value.isdigit() else queryset.none()
+
+
+class CopiedTenantFilter(TenantFilter):
+    """Tenant filter on the denormalised ``tenant_id_copy`` of findings and fragments."""
+
+    tenant_field = "tenant_id_copy"
+
+
+class UpstreamFilter(admin.SimpleListFilter):
+    """Upstreams of the user's tenants (a small table)."""
+
+    title = "upstream"
+    parameter_name = "upstream"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        rows = Upstream.objects.filter(tenant__in=visible_tenants(request)).select_related("tenant")
+        return [(u.pk, f"{u.tenant.slug} / {u.name}") for u in rows]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(upstream_id=int(value)) if value.isdigit() else queryset.none()
+
+
+class RecentValuesFilter(admin.SimpleListFilter):
+    """Choices are the values seen in the newest ``SAMPLE`` rows (bounded cost); any value filters."""
+
+    SAMPLE = 5000
+    field = ""
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        recent = (model_admin.get_queryset(request).order_by("-created")
+                  .values_list(self.field, flat=True)[: self.SAMPLE])
+        return [(value, value or "(blank)") for value in sorted(set(recent))[:50]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset if value is None else queryset.filter(**{self.field: value})
+
+
+class ModelNameFilter(RecentValuesFilter):
+    title = "model"
+    parameter_name = "model"
+    field = "model"
+
+
+class ProtocolFilter(RecentValuesFilter):
+    title = "client protocol"
+    parameter_name = "protocol"
+    field = "client_protocol"
+
+
+# ----- shared read-only behaviour -----
+
+class AuditAdmin(ModelAdmin[_M]):
+    """Read-only, tenant-scoped; ``tenant_field`` is the model's tenant id column."""
+
+    tenant_field = "tenant_id"
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:
+        queryset = super().get_queryset(request)
+        ids = visible_tenant_ids(request)
+        return queryset if ids is None else queryset.filter(**{f"{self.tenant_field}__in": ids})
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return can_view_audit(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return can_view_audit(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(TabularInline[_M, Any]):
+    """An inline that only shows rows."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_view_audit(request)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _parse_uuid(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text.strip())
+    except ValueError:
+        return None
+
+
+def _admin_link(obj: models.Model, text: str) -> SafeString:
+    opts = obj._meta
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:{opts.app_label}_{opts.model_name}_change",
+                                                      args=[obj.pk]), text)
+
+
+# ----- requests -----
+
+class AttemptInline(ReadOnlyInline[Attempt]):
+    """A request's upstream attempts, with a link to the raw body when one was kept."""
+
+    model = Attempt
+    fields = ("number", "upstream", "upstream_model", "upstream_status", "outcome", "abort_reason", "ttfb_ms",
+              "duration_ms", "prompt_tokens", "completion_tokens", "bytes_received", "frames", "raw_body")
+    readonly_fields = ("raw_body",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
+        kept = Fragment.objects.filter(attempt=OuterRef("pk"))
+        return super().get_queryset(request).select_related("upstream").annotate(has_body=Exists(kept))
+
+    @admin.display(description="raw body")
+    def raw_body(self, obj: Attempt) -> str:
+        if not getattr(obj, "has_body", False):
+            return "–"
+        fragment_id = Fragment.objects.filter(attempt_id=obj.pk).values_list("pk", flat=True).first()
+        return format_html('<a href="{}">frames</a>', reverse("admin:audit_fragment_change", args=[fragment_id]))
+
+
+class FindingInline(ReadOnlyInline[Finding]):
+    """A request's findings; each links to its fragment viewer."""
+
+    model = Finding
+    fields = ("attempt_number", "kind", "severity", "action", "tool_name", "frame", "byte_offset", "detail")
+    readonly_fields = ("attempt_number",)
+    show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Finding]:
+        return super().get_queryset(request).select_related("attempt").defer("fragment")
+
+    @admin.display(description="attempt")
+    def attempt_number(self, obj: Finding) -> Any:
+        return obj.attempt.number if obj.attempt is not None else "–"
+
+
+@admin.register(ProxyRequest)
+class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
+    """Client requests through the proxy, newest first, with attempts and findings inline."""
+
+    list_display = ("short_id", "created", "tenant", "upstream", "model", "path", "outcome", "attempts",
+                    "status", "total_s", "wasted_completion_tokens", "client_protocol")
+    list_display_links = ("short_id",)
+    list_filter = (TenantFilter, UpstreamFilter, ModelNameFilter, "outcome", "path", ProtocolFilter,
+                   ("created", admin.DateFieldListFilter))
+    list_select_related = ("tenant", "upstream")
+    search_fields = ("=model",)
+    search_help_text = "A request id (the x-request-id a client saw) or an exact model name."
+    inlines = (AttemptInline, FindingInline)
+    fieldsets = (
+        (None, {"fields": ("id", "created", "finished", "tenant", "api_key", "route", "upstream", "model",
+                           "upstream_model")}),
+        ("Client", {"fields": ("client_protocol", "client_user_agent")}),
+        ("Result", {"fields": ("path", "outcome", "status", "attempts", "error")}),
+        ("Cost", {"fields": ("ttft_ms", "total_ms", "prompt_tokens", "completion_tokens",
+                             "wasted_completion_tokens", "wasted_ms")}),
+    )
+
+    @admin.display(description="request", ordering="id")
+    def short_id(self, obj: ProxyRequest) -> str:
+        return str(obj.pk)[:8]
+
+    @admin.display(description="total s", ordering="total_ms")
+    def total_s(self, obj: ProxyRequest) -> str:
+        return "–" if obj.total_ms is None else f"{obj.total_ms / 1000:.2f}"
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[ProxyRequest],
+                           search_term: str) -> tuple[QuerySet[ProxyRequest], bool]:
+        # Exact matches only: a pk lookup or the (model, -created) index, never a LIKE scan.
+        if not search_term.strip():
+            return queryset, False
+        request_id = _parse_uuid(search_term)
+        if request_id is not None:
+            return queryset.filter(pk=request_id), False
+        return queryset.filter(model=search_term.strip()), False
+
+    def get_urls(self) -> list[URLPattern]:
+        dashboard = path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="audit_dashboard")
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard (``audit.views.dashboard``) inside the admin's chrome."""
+        return views.dashboard(request, self.admin_site)
+
+
+# ----- findings and fragments -----
+
+@admin.register(Finding)
+class FindingAdmin(AuditAdmin[Finding]):
+    """Findings, filterable by kind, severity and action; the page shows the offending frame."""
+
+    tenant_field = "tenant_id_copy"
+    list_display = ("id", "created", "kind", "severity", "action", "tool_name", "tenant", "request_link",
+                    "attempt_number", "frame", "byte_offset")
+    list_filter = (CopiedTenantFilter, "kind", "severity", "action", ("created", admin.DateFieldListFilter))
+    list_select_related = ("attempt",)
+    ordering = ("-created",)
+    search_fields = ("=tool_name",)
+    search_help_text = "A request id or an exact tool name."
+    fields = ("request_link", "attempt_number", "created", "kind", "severity", "action", "tool_name", "choice",
+              "slot", "frame", "byte_offset", "detail", "offending_frame", "context")
+    readonly_fields = ("request_link", "attempt_number", "offending_frame", "context")
+
+    @admin.display(description="tenant")
+    def tenant(self, obj: Finding) -> str:
+        return getattr(obj, "tenant_name", None) or "–"
+
+    @admin.display(description="request")
+    def request_link(self, obj: Finding) -> SafeString:
+        return format_html('<a href="{}">{}</a>', reverse("admin:audit_proxyrequest_change", args=[obj.request_id]),
+                           str(obj.request_id)[:8])
+
+    @admin.display(description="attempt")
+    def attempt_number(self, obj: Finding) -> Any:
+        return obj.attempt.number if obj.attempt is not None else "–"
+
+    @admin.display(description="offending frame")
+    def offending_frame(self, obj: Finding) -> SafeString:
+        return render_fragment(obj.fragment, frame=obj.frame, offset=obj.byte_offset, label=obj.kind)
+
+    @admin.display(description="in the attempt's body")
+    def context(self, obj: Finding) -> SafeString | str:
+        if obj.frame is None or not obj.attempt_id:
+            return "–"
+        body = Fragment.objects.filter(attempt_id=obj.attempt_id).values_list("body", flat=True).first()
+        if body is None:
+            return "The attempt's whole body was not kept (tenant policy) or was purged."
+        return render_context(body, frame=obj.frame, label=obj.kind)
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Finding],
+                           search_term: str) -> tuple[QuerySet[Finding], bool]:
+        if not search_term.strip():
+            return queryset, False
+        request_id = _parse_uuid(search_term)
+        if request_id is not None:
+            return queryset.filter(request_id=request_id), False
+        return queryset.filter(tool_name=search_term.strip()), False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Finding]:
+        # The tenant's name through the denormalised id: a subquery per shown row, no join on requests.
+        name = Tenant.objects.filter(pk=OuterRef("tenant_id_copy")).values("name")[:1]
+        return super().get_queryset(request).annotate(tenant_name=Subquery(name))
+
+
+@admin.register(Fragment)
+class FragmentAdmin(AuditAdmin[Fragment]):
+    """Raw attempt bodies kept per policy: every frame pretty-printed, the findings' frames marked."""
+
+    tenant_field = "tenant_id_copy"
+    list_display = ("id", "created", "request_link", "attempt_number", "truncated")
+    list_filter = (CopiedTenantFilter, ("created", admin.DateFieldListFilter))
+    list_select_related = ("attempt",)
+    ordering = ("-created",)
+    fields = ("request_link", "attempt_number", "created", "truncated", "frames")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Fragment]:
+        return super().get_queryset(request).defer("body")
+
+    @admin.display(description="request")
+    def request_link(self, obj: Fragment) -> SafeString:
+        request_id = obj.attempt.request_id
+        return format_html('<a href="{}">{}</a>', reverse("admin:audit_proxyrequest_change", args=[request_id]),
+                           str(request_id)[:8])
+
+    @admin.display(description="attempt")
+    def attempt_number(self, obj: Fragment) -> int:
+        return obj.attempt.number
+
+    @admin.display(description="frames")
+    def frames(self, obj: Fragment) -> SafeString:
+        marks: dict[int, list[str]] = {}
+        for frame, kind in Finding.objects.filter(attempt_id=obj.attempt_id, frame__isnull=False).values_list(
+                "frame", "kind"):
+            if frame is not None:
+                marks.setdefault(frame, []).append(kind)
+        return render_frames(split_frames(obj.body), marks)
+
+
+# ----- reports -----
+
+class ReportForm(forms.ModelForm):  # type: ignore[type-arg]
+    """Period, tenants, upstreams and format; choices limited to what the user can see.
+
+    The period fields are single ``datetime-local`` inputs (not the admin's split widget), so the
+    dashboard's "request a report of this period" link can prefill them from the query string.
+    """
+
+    since = forms.DateTimeField(help_text="UTC.", widget=forms.DateTimeInput(
+        format="%Y-%m-%dT%H:%M", attrs={"type": "datetime-local"}))
+    until = forms.DateTimeField(help_text="UTC, exclusive.", widget=forms.DateTimeInput(
+        format="%Y-%m-%dT%H:%M", attrs={"type": "datetime-local"}))
+
+    class Meta:
+        model = Report
+        fields = ("since", "until", "tenants", "upstreams", "format")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        tenants, upstreams = data.get("tenants"), data.get("upstreams")
+        if tenants and upstreams and any(u.tenant_id not in {t.pk for t in tenants} for u in upstreams):
+            raise ValidationError({"upstreams": "Choose upstreams of the chosen tenants."})
+        return data
+
+
+@admin.register(Report)
+class ReportAdmin(ModelAdmin[Report]):
+    """Reports: requested here (built by Celery), shown with status, progress and download links.
+
+    A report is visible to a user when every tenant it covers is one of theirs; a report over all
+    tenants (none chosen) only to superusers. Only superusers delete reports (with their files).
+    """
+
+    form = ReportForm
+    list_display = ("id", "created", "period", "tenant_list", "format", "status_display", "downloads", "origin",
+                    "requested_by")
+    list_filter = ("status", "format", "origin")
+    list_select_related = ("requested_by",)
+    actions = ("build_again",)
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    view_fields = ("period", "tenant_list", "upstream_list", "format", "status_display", "error", "downloads",
+                   "origin", "requested_by", "created", "started", "finished")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Report]:
+        queryset = super().get_queryset(request).prefetch_related("tenants", "upstreams")
+        ids = visible_tenant_ids(request)
+        if ids is None:
+            return queryset
+        links = Report.tenants.through.objects
+        theirs = links.filter(tenant_id__in=ids).values("report_id")
+        others = links.exclude(tenant_id__in=ids).values("report_id")
+        return queryset.filter(pk__in=theirs).exclude(pk__in=others)
+
+    def get_fields(self, request: HttpRequest, obj: Report | None = None) -> Any:
+        return ReportForm.Meta.fields if obj is None else self.view_fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Report | None = None) -> Any:
+        return () if obj is None else self.view_fields
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "tenants":
+            kwargs["queryset"] = visible_tenants(request)
+        elif db_field.name == "upstreams":
+            kwargs["queryset"] = Upstream.objects.filter(tenant__in=visible_tenants(request)).select_related("tenant")
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return can_view_audit(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
+        return can_view_audit(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return can_view_audit(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
+        return can_view_audit(request) and request.user.is_superuser
+
+    def has_build_permission(self, request: HttpRequest) -> bool:
+        return can_view_audit(request)
+
+    def save_model(self, request: HttpRequest, obj: Report, form: Any, change: bool) -> None:
+        obj.requested_by_id = request.user.pk
+        obj.origin = Report.Origin.ADMIN
+        obj.save()
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        report = form.instance
+        if not report.tenants.exists() and visible_tenant_ids(request) is not None:
+            report.tenants.set(visible_tenants(request))  # "all" for a member = all of their tenants
+        report_enqueue(report=report)
+
+    def delete_model(self, request: HttpRequest, obj: Report) -> None:
+        report_delete(report=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Report]) -> None:
+        for report in queryset:
+            report_delete(report=report)
+
+    @admin.action(description="Build the selected reports again", permissions=["build"])
+    def build_again(self, request: HttpRequest, queryset: QuerySet[Report]) -> None:
+        """Re-queue the selected reports (e.g. failed ones, or ones a stopped process left running)."""
+        count = 0
+        for report in queryset:
+            report_enqueue(report=report)
+            count += 1
+        self.message_user(request, f"Queued {count} report(s).", messages.SUCCESS)
+
+    @admin.display(description="period")
+    def period(self, obj: Report) -> str:
+        return f"{obj.since:%Y-%m-%d %H:%M} – {obj.until:%Y-%m-%d %H:%M} UTC"
+
+    @admin.display(description="tenants")
+    def tenant_list(self, obj: Report) -> str:
+        return ", ".join(t.slug for t in obj.tenants.all()) or "all"
+
+    @admin.display(description="upstreams")
+    def upstream_list(self, obj: Report) -> str:
+        return ", ".join(u.name for u in obj.upstreams.all()) or "all"
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj: Report) -> SafeString:
+        if obj.status == Report.Status.RUNNING:
+            return format_html('running <progress max="100" value="{}"></progress> {}%', obj.progress, obj.progress)
+        if obj.status == Report.Status.FAILED:
+            return format_html('<span style="color:#b91c1c" title="{}">failed</span>', obj.error)
+        return format_html("{}", obj.status)
+
+    @admin.display(description="download")
+    def downloads(self, obj: Report) -> SafeString | str:
+        links = [(reverse("admin:audit_report_download", args=[obj.pk, which]), field.name.rsplit("/", 1)[-1])
+                 for which, field in (("file", obj.file), ("findings", obj.findings_file)) if field]
+        if obj.status != Report.Status.DONE or not links:
+            return "–"
+        return format_html_join(" · ", '<a href="{}">{}</a>', links)
+
+    def get_urls(self) -> list[URLPattern]:
+        download = path("<int:report_id>/download/<str:which>/", self.admin_site.admin_view(self.download_view),
+                        name="audit_report_download")
+        return [download, *super().get_urls()]
+
+    def download_view(self, request: HttpRequest, report_id: int, which: str) -> FileResponse:
+        """Stream a report file to a user who may see the report; 404 otherwise (missing or not theirs)."""
+        report = self.get_queryset(request).filter(pk=report_id).first()
+        field = {"file": "file", "findings": "findings_file"}.get(which)
+        if report is None or field is None or not getattr(report, field) or not can_view_audit(request):
+            raise Http404("No such report file.")
+        stored = getattr(report, field)
+        return FileResponse(stored.open("rb"), as_attachment=True, filename=stored.name.rsplit("/", 1)[-1])
+

@@ -1,0 +1,103 @@
+"""Report exports: CSV of requests and of findings, the JSON summary, one self-contained HTML page.
+
+Writers stream rows from the database (``iterator``) into a file object, so a period of millions
+of requests never sits in memory. CSV cells that a spreadsheet would run as a formula (starting
+with ``= + - @``, tab or CR) get a leading apostrophe, as OWASP advises: the user agent, the model
+name and a finding's detail come from clients and upstreams. Columns are documented in
+docs/reports.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from django.db.models import Count, F
+from django.template.loader import render_to_string
+
+from audit.charts import figure_charts, upstream_labels
+from audit.reports import Figures, Scope
+
+REQUEST_COLUMNS = (
+    "id", "created", "finished", "tenant", "upstream", "model", "upstream_model", "client_protocol",
+    "client_user_agent", "path", "outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens",
+    "completion_tokens", "wasted_completion_tokens", "wasted_ms", "findings", "error",
+)
+FINDING_COLUMNS = (
+    "id", "request_id", "attempt", "created", "tenant", "upstream", "model", "kind", "severity", "action",
+    "tool_name", "choice", "slot", "frame", "byte_offset", "detail",
+)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_CHUNK = 2000
+
+
+def cell(value: Any) -> Any:
+    """A CSV-safe cell: UTC ISO times, blanks for None, formula-looking text defused."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def _write(out: TextIO, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> int:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    count = 0
+    for row in rows:
+        writer.writerow([cell(row[c]) for c in columns])
+        count += 1
+    return count
+
+
+def _request_rows(scope: Scope) -> Iterator[dict[str, Any]]:
+    rows = (scope.requests().order_by("created", "id")
+            .annotate(tenant_slug=F("tenant__slug"), upstream_name=F("upstream__name"), n_findings=Count("findings"))
+            .values(*[c for c in REQUEST_COLUMNS if c not in ("tenant", "upstream", "findings")],
+                    "tenant_slug", "upstream_name", "n_findings"))
+    for row in rows.iterator(chunk_size=_CHUNK):
+        yield {**row, "tenant": row["tenant_slug"], "upstream": row["upstream_name"], "findings": row["n_findings"]}
+
+
+def write_requests_csv(scope: Scope, out: TextIO) -> int:
+    """One row per request of ``scope`` (oldest first); returns the number of rows."""
+    return _write(out, REQUEST_COLUMNS, _request_rows(scope))
+
+
+def _finding_rows(scope: Scope) -> Iterator[dict[str, Any]]:
+    rows = (scope.findings().order_by("request__created", "request_id", "id")
+            .values("id", "request_id", "created", "kind", "severity", "action", "tool_name", "choice", "slot",
+                    "frame", "byte_offset", "detail", attempt_number=F("attempt__number"),
+                    tenant_slug=F("request__tenant__slug"), upstream_name=F("request__upstream__name"),
+                    request_model=F("request__model")))
+    for row in rows.iterator(chunk_size=_CHUNK):
+        yield {**row, "attempt": row["attempt_number"], "tenant": row["tenant_slug"],
+               "upstream": row["upstream_name"], "model": row["request_model"]}
+
+
+def write_findings_csv(scope: Scope, out: TextIO) -> int:
+    """One row per finding of the scope's requests (their fragments are not exported)."""
+    return _write(out, FINDING_COLUMNS, _finding_rows(scope))
+
+
+def summary_json(figures: Figures) -> str:
+    """The JSON summary (``audit.schema.SUMMARY_SCHEMA``), keys sorted, indented."""
+    return json.dumps(figures, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def report_html(figures: Figures, *, title: str) -> str:
+    """One self-contained page (inline CSS and SVG, no scripts, no external links)."""
+    return render_to_string("audit/report.html", figure_context(figures, title=title))
+
+
+def figure_context(figures: Figures, *, title: str) -> dict[str, Any]:
+    """Template context shared by the HTML report and the dashboard."""
+    labels = upstream_labels(figures)
+    by_upstream = [{**row, "label": labels[str(row["upstream_id"])]} for row in figures["by_upstream"]]
+    return {"title": title, "figures": figures, "charts": figure_charts(figures), "by_upstream": by_upstream,
+            "outcomes": sorted(figures["outcomes"].items(), key=lambda kv: -kv[1])}

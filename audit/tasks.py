@@ -1,0 +1,86 @@
+"""Celery tasks of the audit app: thin, id-based wrappers over ``audit.report_services`` (STYLE.md rule 9).
+
+Callers enqueue with ``report_build_task.delay_on_commit(report.pk)``. With a broker configured a
+normal worker runs them. With none (``CELERY_TASK_ALWAYS_EAGER``, the default of ``make run``),
+``OffThreadEagerTask`` runs the task eagerly in a background thread of the calling process, so an
+admin request that asks for a report returns at once instead of building it on the request thread
+(docs/reports.md, "Running without a broker").
+
+Time limits are per task; the hard limit needs the prefork pool (``--pool=solo`` ignores it), the
+soft one raises ``SoftTimeLimitExceeded`` inside the task, which ``on_failure`` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import shared_task
+from celery.contrib.django.task import DjangoTask
+from celery.result import AsyncResult
+from celery.utils import uuid
+from django.db import OperationalError, connections
+
+from audit.report_services import report_build, report_fail, report_schedule, retention_purge
+
+logger = logging.getLogger(__name__)
+
+REPORT_SOFT_LIMIT = 15 * 60
+REPORT_HARD_LIMIT = REPORT_SOFT_LIMIT + 60
+
+
+class OffThreadEagerTask(DjangoTask):  # type: ignore[misc]  # celery ships no type information
+    """A task that, in eager mode, runs in a background thread instead of the caller's thread."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, producer: Any = None,
+                    link: Any = None, link_error: Any = None, shadow: str | None = None, **options: Any
+                    ) -> AsyncResult:
+        if not self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        task_id = task_id or uuid()
+        thread = threading.Thread(target=self._run_eager, args=(args, kwargs, task_id), name=f"eager {self.name}",
+                                  daemon=True)
+        thread.start()
+        return self.AsyncResult(task_id)
+
+    def _run_eager(self, args: Any, kwargs: Any, task_id: str) -> None:
+        try:
+            self.apply(args, kwargs, task_id=task_id)
+        finally:
+            connections.close_all()  # this thread's connections only (they are thread-local)
+
+
+class ReportTask(OffThreadEagerTask):
+    """Marks the report (first positional argument) failed, with the error, when the task fails."""
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        report_id = args[0] if args else (kwargs or {}).get("report_id")
+        if report_id is not None:
+            report_fail(report_id=int(report_id), error=f"{type(exc).__name__}: {exc}")
+        logger.error("report %s failed: %s", report_id, exc)
+
+
+_REPORT_TASK_OPTIONS: dict[str, Any] = {
+    "soft_time_limit": REPORT_SOFT_LIMIT, "time_limit": REPORT_HARD_LIMIT,
+    "autoretry_for": (OperationalError,), "retry_backoff": 5, "max_retries": 3,
+}
+
+
+@shared_task(base=ReportTask, bind=True, **_REPORT_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+def report_build_task(self: ReportTask, report_id: int) -> None:
+    """Build report ``report_id`` (figures, then its export file)."""
+    report_build(report_id=report_id)
+
+
+@shared_task(base=OffThreadEagerTask, soft_time_limit=60, time_limit=120)  # type: ignore[untyped-decorator]
+def report_schedule_task(tenant_slug: str, days: int, format: str) -> int:
+    """Create a report of ``tenant_slug`` over the last ``days`` whole days and enqueue its build."""
+    return report_schedule(tenant_slug=tenant_slug, days=int(days), format=format).pk
+
+
+@shared_task(base=OffThreadEagerTask, soft_time_limit=30 * 60, time_limit=31 * 60)  # type: ignore[untyped-decorator]
+def retention_purge_task() -> dict[str, int]:
+    """Purge raw fragments past each tenant's retention days; returns what was removed."""
+    result = retention_purge()
+    return {"fragments": result.fragments, "finding_fragments": result.finding_fragments}
