@@ -90,6 +90,16 @@ def test_it_registers_the_schedules_idempotently(world_a: Any) -> None:
     assert (report.crontab.minute, report.crontab.hour, report.crontab.day_of_week) == ("0", "6", "1")
 
 
+def test_it_keeps_schedules_edited_in_the_admin_unless_asked_to_replace(world_a: Any) -> None:
+    """A second run leaves an edited schedule alone; ``--replace`` resets it."""
+    _run("setup_schedules")
+    _run("setup_schedules", "--retention-cron", "0 1 * * *")
+    assert PeriodicTask.objects.get(name="audit: retention purge").crontab.hour == "3"
+    assert "(kept as it was)" in _run("setup_schedules", "--retention-cron", "0 1 * * *")
+    _run("setup_schedules", "--retention-cron", "0 1 * * *", "--replace")
+    assert PeriodicTask.objects.get(name="audit: retention purge").crontab.hour == "1"
+
+
 def test_it_purges_from_the_command(world_a: Any) -> None:
     """``audit_retention`` runs the purge and says what it removed."""
     assert "deleted 0 attempt bodies, cleared 0 finding fragments" in _run("audit_retention")

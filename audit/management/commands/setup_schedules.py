@@ -1,8 +1,9 @@
 """``setup_schedules``: register the audit's periodic tasks with django-celery-beat (idempotent).
 
 Beat then runs them (``celery -A config beat``, scheduler ``DatabaseScheduler``); each schedule is
-a PeriodicTask row that stays editable in the admin (Periodic tasks). Running this again updates
-the rows it made, by name, and leaves other schedules alone.
+a PeriodicTask row that stays editable in the admin (Periodic tasks). Running this again creates
+only what is missing, so edits made in the admin survive (``docker compose up`` runs it every
+time); ``--replace`` resets the rows it names to the given options.
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ def crontab(expression: str) -> CrontabSchedule:
     return schedule
 
 
-def schedule_task(*, name: str, task: str, cron: str, args: list[Any]) -> PeriodicTask:
-    """Create or update the PeriodicTask ``name``."""
+def schedule_task(*, name: str, task: str, cron: str, args: list[Any], replace: bool = False
+                  ) -> tuple[PeriodicTask, bool]:
+    """The PeriodicTask ``name``, created if missing (or reset when ``replace``); True when written."""
+    row = PeriodicTask.objects.filter(name=name).first()
+    if row is not None and not replace:
+        return row, False
     row, _ = PeriodicTask.objects.update_or_create(
         name=name, defaults={"task": task, "crontab": crontab(cron), "interval": None, "args": json.dumps(args),
                              "enabled": True})
-    return row
+    return row, True
 
 
 class Command(BaseCommand):
@@ -55,10 +60,13 @@ class Command(BaseCommand):
         parser.add_argument("--report-format", choices=Report.Format.values, default=Report.Format.HTML)
         parser.add_argument("--report-cron", default="0 6 * * 1", metavar="CRON",
                             help="When the report is made (UTC crontab; default Mondays 06:00).")
+        parser.add_argument("--replace", action="store_true",
+                            help="Reset existing schedules of these names (default: leave them as edited).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schedule_task(name=RETENTION_NAME, task=RETENTION_TASK, cron=options["retention_cron"], args=[])
-        self.stdout.write(f"{RETENTION_NAME}: {options['retention_cron']} UTC")
+        replace = options["replace"]
+        self._say(RETENTION_NAME, *schedule_task(name=RETENTION_NAME, task=RETENTION_TASK,
+                                                 cron=options["retention_cron"], args=[], replace=replace))
         slug = options["report_tenant"]
         if slug:
             if not Tenant.objects.filter(slug=slug).exists():
@@ -66,6 +74,12 @@ class Command(BaseCommand):
             if options["report_days"] < 1:
                 raise CommandError("--report-days must be at least 1")
             name = f"audit: {options['report_format']} report of {slug} ({options['report_days']} days)"
-            schedule_task(name=name, task=REPORT_TASK, cron=options["report_cron"],
-                          args=[slug, options["report_days"], options["report_format"]])
-            self.stdout.write(f"{name}: {options['report_cron']} UTC")
+            self._say(name, *schedule_task(name=name, task=REPORT_TASK, cron=options["report_cron"],
+                                           args=[slug, options["report_days"], options["report_format"]],
+                                           replace=replace))
+
+    def _say(self, name: str, row: PeriodicTask, written: bool) -> None:
+        cron = row.crontab
+        when = f"{cron.minute} {cron.hour} {cron.day_of_month} {cron.month_of_year} {cron.day_of_week} UTC" \
+            if cron else "(not a crontab)"
+        self.stdout.write(f"{name}: {when}" + ("" if written else " (kept as it was)"))
