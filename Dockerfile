@@ -24,7 +24,7 @@ COPY manage.py ./
 RUN python manage.py collectstatic --no-input -v 0
 
 RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin toolrelay \
-    && mkdir -p /app/var && chown toolrelay /app/var
+    && mkdir -p /app/var/media && chown -R toolrelay /app/var
 USER toolrelay
 
 EXPOSE 8000
