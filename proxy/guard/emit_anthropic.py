@@ -76,6 +76,14 @@ def error_type(status: int) -> str:
     return "api_error" if status >= 500 else "invalid_request_error"
 
 
+def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """``{"type":"error","error":{"type","message"}}`` with the type of ``status`` (PROTOCOLS.md 2.4);
+    ``param`` (no field of its own in Anthropic's shape) prefixes the message."""
+    if param and param not in message:
+        message = f"{param}: {message}"
+    return {"type": "error", "error": {"type": error_type(status), "message": message}}
+
+
 def thinking_signature(thinking: str) -> str:
     """The signature for a thinking block: ``trly1`` + base64url of the text's SHA-256.
 
@@ -279,9 +287,7 @@ class AnthropicMessagesEmitter:
         ``type`` / ``param`` / ``code`` are OpenAI-style details with no place in Anthropic's shape;
         ``param`` is appended to the message so the client still sees which field is wrong.
         """
-        if param and param not in message:
-            message = f"{param}: {message}"
-        return {"type": "error", "error": {"type": error_type(status), "message": message}}
+        return error_body(status, message, param=param)
 
 
 def tool_use_ids(calls: list[ToolCall]) -> list[str]:
