@@ -19,7 +19,7 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.consumers import ProxyConsumer, RequestError, header, parse_json_object
 from proxy.guard.emit import Emitter
@@ -34,6 +34,8 @@ from proxy.upstream import get_client
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Characters per token for the local estimate (a common rule of thumb for English and code).
 CHARS_PER_TOKEN = 4
 
@@ -44,7 +46,7 @@ def estimate_tokens(chat_body: dict[str, Any]) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
 
 
-def translate(fn: Callable[[dict[str, Any]], Translation], data: dict[str, Any]) -> Translation:
+def translate(fn: Callable[[dict[str, Any]], T], data: dict[str, Any]) -> T:
     """``fn(data)``, with a malformed request turned into a 400 ``RequestError`` naming its ``param``."""
     try:
         return fn(data)

@@ -149,7 +149,7 @@ class AnthropicMessagesEmitter:
         if self._started or self._closed:
             return b""
         self._started = True
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "content": [],
+        message: dict[str, Any] = {"id": self.message_id, "type": "message", "role": "assistant", "content": [],
                    "model": self.model, "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}

@@ -126,8 +126,8 @@ def _reasoning(body: dict[str, Any]) -> dict[str, Any]:
         raise TranslationError("`thinking.type` must be enabled, adaptive or disabled", param="thinking.type")
     if kind != "enabled":
         return {}
-    config = body.get("output_config") if isinstance(body.get("output_config"), dict) else {}
-    effort = _EFFORTS.get(str(config.get("effort")))
+    config = body.get("output_config")
+    effort = _EFFORTS.get(str(config.get("effort"))) if isinstance(config, dict) else None
     if effort is None:
         budget = thinking.get("budget_tokens")
         budget = budget if isinstance(budget, int) and not isinstance(budget, bool) else 8192
@@ -360,9 +360,10 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
 def _document_text(block: dict[str, Any]) -> str | None:
     """The text of a plain-text ``document`` block, else None."""
     source = block.get("source")
-    if isinstance(source, dict) and source.get("type") == "text" and isinstance(source.get("data"), str):
-        return source["data"]
-    return None
+    if not isinstance(source, dict) or source.get("type") != "text":
+        return None
+    data = source.get("data")
+    return data if isinstance(data, str) else None
 
 
 def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:

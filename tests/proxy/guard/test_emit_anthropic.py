@@ -344,3 +344,15 @@ def _runs(deltas: list[tuple[Channel, str]]) -> Iterator[tuple[str, str]]:
         kind, text = this, text + piece
     if kind is not None:
         yield kind, text
+
+
+def test_it_sends_one_ascii_json_document_per_data_line() -> None:
+    """PROTOCOLS.md section 0 item 7: ``ensure_ascii``, no raw U+2028 / newlines inside data, no BOM."""
+    text = "Grüße\u2028line\nnext \U0001f600"
+    em = emitter()
+    data = em.open() + em.text(0, "reasoning", text) + em.text(0, "content", text) + em.close(
+        Turn(choices=[ChoiceTurn(tool_calls=[ToolCall("c", "f", json.dumps({"t": text}, ensure_ascii=False))])]))
+    assert data.isascii() and not data.startswith(b"\xef\xbb\xbf")
+    message = final_message(data)
+    assert message.content[0].thinking == text and message.content[1].text == text  # type: ignore[union-attr]
+    assert message.content[2].input == {"t": text}  # type: ignore[union-attr]

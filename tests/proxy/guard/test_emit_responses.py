@@ -289,3 +289,15 @@ def _runs(deltas: list[tuple[Channel, str]]) -> list[tuple[str, str]]:
         else:
             out.append((kind, piece))
     return out
+
+
+def test_it_sends_one_ascii_json_document_per_data_line() -> None:
+    """PROTOCOLS.md section 0 item 7: ``ensure_ascii``, no raw U+2028 / newlines inside data, no BOM."""
+    text = "Grüße\u2028line\nnext \U0001f600"
+    em = emitter()
+    data = em.open() + em.text(0, "content", text) + em.close(
+        Turn(choices=[ChoiceTurn(tool_calls=[ToolCall("c", "f", json.dumps({"t": text}, ensure_ascii=False))])]))
+    assert data.isascii() and not data.startswith(b"\xef\xbb\xbf")
+    response = final_response(data)
+    assert response.output_text == text
+    assert json.loads(response.output[1].arguments) == {"t": text}  # type: ignore[union-attr]
