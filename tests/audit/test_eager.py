@@ -50,3 +50,15 @@ def test_it_schedules_a_tenant_report_over_the_last_whole_days(
     assert (report.since, report.until) == (midnight - timedelta(days=3), midnight)
     assert [t.slug for t in report.tenants.all()] == ["tenant-a"]
     assert report.origin == Report.Origin.SCHEDULE and report.status == "done"
+
+
+@pytest.mark.usefixtures("transactional_db")
+def test_it_records_the_error_of_a_report_that_fails_in_eager_mode(
+        audit_rows: AuditRows, eager_threads: Callable[[], None]) -> None:
+    """In eager mode too, the task's on_failure marks the report failed with the error."""
+    report = report_request(since=PERIOD[0], until=PERIOD[1], format="json", enqueue=False)
+    Report.objects.filter(pk=report.pk).update(format="xlsx")
+    audit.tasks.report_build_task.delay_on_commit(report.pk)
+    report, _ = wait_for_report(report.pk)
+    eager_threads()
+    assert report.status == "failed" and "unknown report format 'xlsx'" in report.error
