@@ -7,6 +7,7 @@ process), a built-in simulated upstream wired by ``make run``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -115,9 +116,14 @@ def _database() -> dict[str, object]:
     if config.get("ENGINE") == "django.db.backends.sqlite3":
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["CONN_MAX_AGE"] = 0
-        config["OPTIONS"] = {"timeout": 20}
-        # A file, not memory, so an end-to-end test's Daphne process sees the test database.
-        config["TEST"] = {"NAME": str(VAR_DIR / "test-toolrelay.sqlite3")}
+        # WAL lets readers and a writer overlap; IMMEDIATE takes the write lock at BEGIN, so two
+        # processes (Daphne and a Celery worker, or a test) wait for each other instead of failing
+        # with "database is locked" on a read-to-write lock upgrade.
+        config["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE",
+                             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        # A file, not memory, so an end-to-end test's Daphne process sees the test database; one
+        # per test process, so parallel runs in one tree do not share it.
+        config["TEST"] = {"NAME": str(VAR_DIR / f"test-toolrelay-{os.getpid()}.sqlite3")}
     return config
 
 

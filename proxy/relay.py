@@ -616,9 +616,17 @@ class Relay:
                 await self._send_text(TextDelta(choice, channel, remainder))  # type: ignore[arg-type]
 
     async def _give_up(self, decision: Decision, attempts: int) -> None:
-        """Retries ran out (or the error is not retryable): a clean error, never a partial tool call."""
+        """Retries ran out (or the error is not retryable): a clean error, never a partial tool call.
+
+        Broken model output (the upstream answered, but no usable turn) gets the policy's exhaustion
+        answer even before the commit, as the fault corpus expects: a terminal assistant message
+        lets the agent loop go on instead of failing or retrying blindly. Transport and HTTP status
+        failures before the commit are HTTP errors with ``x-should-retry: false``.
+        """
         error = decision.error
-        if not self.committed:
+        retryable = error is None or error.retryable
+        if not self.committed and not (retryable and model_failure(decision)
+                                       and self.policy.exhaustion == Exhaustion.MESSAGE):
             await self._fail_before_commit(decision)
             return
         if error is not None and not error.retryable:
@@ -655,13 +663,23 @@ class Relay:
                 await self._send_json(200, self.emitter.complete(decision.turn))
                 return
             if not self._can_retry(attempt, decision):
-                await self._fail_before_commit(decision)
+                await self._non_stream_give_up(decision, attempt + 1)
                 return
             if not self.req.forwards_raw:
                 await self._record_now(self.pending.pop())
             await self._backoff(attempt, decision.error)
             if decision.reason != "stream_options rejected":
                 attempt += 1
+
+    async def _non_stream_give_up(self, decision: Decision, attempts: int) -> None:
+        error = decision.error
+        if (self.req.forwards_raw or self.policy.exhaustion != Exhaustion.MESSAGE or not model_failure(decision)
+                or (error is not None and not error.retryable)):
+            await self._fail_before_commit(decision)
+            return
+        self.outcome = "exhausted"
+        self.error = error.message if error is not None else decision.reason
+        await self._send_json(200, self.emitter.complete_exhausted(exhaustion_message(self.req, attempts, self.error)))
 
     async def _non_stream_attempt(self, number: int, target: UpstreamTarget,
                                   started: float) -> tuple[Decision | None, bytes | None]:
@@ -694,6 +712,15 @@ class Relay:
         await self.responder.start(200, self._headers([(b"content-type", b"application/json")]))
         await self.responder.send(body, more=False)
         return None
+
+
+#: Findings that mean the model's output failed, not the transport (C41, C47).
+_MODEL_FAILURE_KINDS = frozenset({FindingKind.MID_STREAM_ERROR_CHUNK, FindingKind.PRE_STREAM_TOOL_USE_FAILED})
+
+
+def model_failure(decision: Decision) -> bool:
+    """True when ``decision`` is about broken model output rather than an unreachable or failing upstream."""
+    return decision.outcome == Outcome.RETRY or any(f.kind in _MODEL_FAILURE_KINDS for f in decision.findings)
 
 
 def _attempt_outcome(decision: Decision) -> str:

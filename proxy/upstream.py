@@ -57,7 +57,7 @@ class UpstreamResponse:
         iterator = self._response.aiter_raw()
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(loop.time() + self._idle) as deadline:
+            async with asyncio.timeout_at(loop.time() + self._idle) as deadline:
                 async for chunk in iterator:
                     # No deadline while the consumer holds the chunk: a timeout must only ever
                     # interrupt the upstream read, never the relay's own work between reads.

@@ -157,3 +157,11 @@ def audit_rows(django_db_blocker: Any) -> Callable[..., Any]:
         raise AssertionError(f"no finished audit row for request {request_id}")
 
     return fetch
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every end-to-end test uses the test database in autocommit mode (so Daphne sees its rows);
+    pytest-django only creates test databases for tests that ask for them."""
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.django_db(transaction=True))

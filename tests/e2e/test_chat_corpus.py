@@ -35,7 +35,7 @@ def _messages() -> tuple[list[dict[str, str]], str]:
 
 
 def _upstream_calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
-    return [r for r in simulator.stats() if marker in json.dumps(r.get("body", {}))]
+    return [r for r in simulator.stats()["requests"] if marker in json.dumps(r.get("body", {}))]
 
 
 def _calls(message: Any) -> list[tuple[str, Any]]:
@@ -63,12 +63,12 @@ def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, An
                                                               django_db_blocker: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
-    with _client(tenant).chat.completions.stream(model=f"case:{case['id']}", messages=messages,
+    with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
                                                   tools=case["request_tools"]) as stream:
         for _ in stream:
             pass
         completion = stream.get_final_completion()
-        request_id = stream.response.headers["x-request-id"]
+        request_id = stream._response.headers["x-request-id"]
     choice = completion.choices[0]
     assert _calls(choice.message) == _expected_calls(case)
     assert (choice.message.content or None) == case["expected"]["content"]
@@ -83,8 +83,9 @@ def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, An
 def test_it_delivers_recoverable_cases_to_create_stream(case: dict[str, Any], make_tenant: Any) -> None:
     tenant = make_tenant()
     messages, _ = _messages()
-    chunks = list(_client(tenant).chat.completions.create(model=f"case:{case['id']}", messages=messages,
-                                                          tools=case["request_tools"], stream=True))
+    with _client(tenant) as client:
+        chunks = list(client.chat.completions.create(model=f"case:{case['id']}", messages=messages,
+                                                     tools=case["request_tools"], stream=True))
     names: dict[int, str] = {}
     arguments: dict[int, str] = {}
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -105,12 +106,12 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
                                                         audit_rows: Any, django_db_blocker: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
-    with _client(tenant).chat.completions.stream(model=f"case:{case['id']}:broken=1", messages=messages,
+    with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}:broken=1", messages=messages,
                                                   tools=case["request_tools"]) as stream:
         for _ in stream:
             pass
         completion = stream.get_final_completion()
-        request_id = stream.response.headers["x-request-id"]
+        request_id = stream._response.headers["x-request-id"]
     message = completion.choices[0].message
     assert message.tool_calls, "the clean attempt's tool call reaches the client"
     for call in message.tool_calls:
@@ -128,12 +129,12 @@ def test_it_answers_exhaustion_when_always_broken(case: dict[str, Any], make_ten
                                                   audit_rows: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
-    with _client(tenant).chat.completions.stream(model=f"case:{case['id']}", messages=messages,
+    with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
                                                   tools=case["request_tools"]) as stream:
         for _ in stream:
             pass
         completion = stream.get_final_completion()
-        request_id = stream.response.headers["x-request-id"]
+        request_id = stream._response.headers["x-request-id"]
     message = completion.choices[0].message
     assert not message.tool_calls
     assert completion.choices[0].finish_reason == "stop"
@@ -149,7 +150,7 @@ def test_it_passes_non_retryable_errors_to_the_client(case: dict[str, Any], make
     tenant = make_tenant()
     messages, marker = _messages()
     with pytest.raises(openai.APIStatusError) as caught:
-        with _client(tenant).chat.completions.stream(model=f"case:{case['id']}", messages=messages,
+        with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
                                                       tools=case["request_tools"]) as stream:
             for _ in stream:
                 pass

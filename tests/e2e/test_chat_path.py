@@ -24,7 +24,7 @@ def _marker_messages() -> tuple[list[dict[str, str]], str]:
 
 
 def _calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
-    return [r for r in simulator.stats() if marker in json.dumps(r.get("body", {}))]
+    return [r for r in simulator.stats()["requests"] if marker in json.dumps(r.get("body", {}))]
 
 
 def _post(tenant: Any, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
@@ -45,14 +45,14 @@ def test_it_passes_tool_less_streams_through_byte_for_byte(make_tenant: Any, aud
 def test_it_streams_text_live_in_guarded_requests(make_tenant: Any) -> None:
     tenant = make_tenant()
     messages, _ = _marker_messages()
-    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0)
     started = time.monotonic()
     first_text = None
-    stream = client.chat.completions.create(model="gen:text=1:calls=0:frames=15:frame=100:corrupt=0",
-                                            messages=messages, tools=WEATHER_TOOL, stream=True)
-    for chunk in stream:
-        if first_text is None and chunk.choices and chunk.choices[0].delta.content:
-            first_text = time.monotonic() - started
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0) as client:
+        stream = client.chat.completions.create(model="gen:text=1:calls=0:frames=15:frame=100:corrupt=0",
+                                                messages=messages, tools=WEATHER_TOOL, stream=True)
+        for chunk in stream:
+            if first_text is None and chunk.choices and chunk.choices[0].delta.content:
+                first_text = time.monotonic() - started
     total = time.monotonic() - started
     assert first_text is not None
     assert total > 1.2, "the upstream paces 15 frames at 100 ms"
@@ -109,13 +109,13 @@ def test_it_recovers_from_transient_upstream_failures(scenario: str, make_tenant
                                                       audit_rows: Any) -> None:
     tenant = make_tenant()
     messages, marker = _marker_messages()
-    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0)
-    with client.chat.completions.stream(model=f"gen:calls=1:{scenario}", messages=messages,
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0) as client, \
+            client.chat.completions.stream(model=f"gen:calls=1:{scenario}", messages=messages,
                                         tools=WEATHER_TOOL) as stream:
         for _ in stream:
             pass
         completion = stream.get_final_completion()
-        request_id = stream.response.headers["x-request-id"]
+        request_id = stream._response.headers["x-request-id"]
     assert completion.choices[0].message.tool_calls
     assert audit_rows(request_id).outcome == "recovered-by-retry"
     assert len(_calls(simulator, marker)) == int(scenario.rsplit("=", 1)[1]) + 1
