@@ -365,7 +365,8 @@ class Relay:
         total_ms = (time.monotonic() - self.started) * 1000
         prompt = sum(a.prompt_tokens for a in attempts)
         completion = sum(a.completion_tokens for a in attempts)
-        good = attempts[-1] if attempts and self.outcome not in ("exhausted", "client-cancelled", "upstream-error") else None
+        delivered = self.outcome not in ("exhausted", "client-cancelled", "upstream-error")
+        good = attempts[-1] if attempts and delivered else None
         wasted = [a for a in attempts if a is not good]
         result = audit.RequestResult(
             outcome=self.outcome, status=self.status, attempts=len(attempts),
@@ -441,8 +442,8 @@ class Relay:
         async with self.client.open(target, body, stream=True) as response:
             if response.status != 200:
                 return await self._http_failure(number, target, started, response)
-            await self.responder.start(200, self._headers([(b"content-type",
-                                                            response.headers.get("content-type", "text/event-stream").encode()),
+            content_type = response.headers.get("content-type", "text/event-stream").encode()
+            await self.responder.start(200, self._headers([(b"content-type", content_type),
                                                            (b"cache-control", b"no-cache"),
                                                            (b"x-accel-buffering", b"no")]))
             self.committed, self.status = True, 200
@@ -492,7 +493,7 @@ class Relay:
                                   should_retry=False)
             return
         self.outcome = "exhausted" if decision.outcome == Outcome.RETRY else "upstream-error"
-        status = 504 if error is not None and error.status == 504 else (error.status if error and error.status == 429 else 502)
+        status = error.status if error is not None and error.status in (429, 504) else 502
         reason = error.message if error is not None else decision.reason
         await self.send_error(status, f"the upstream failed {len(self.written) + len(self.pending)} time(s): {reason}",
                               type="upstream_error", code="upstream_failed", should_retry=False)
@@ -546,6 +547,7 @@ class Relay:
             async for chunk in response.chunks():
                 if ttfb is None:
                     ttfb = (time.monotonic() - started) * 1000
+                    metrics.UPSTREAM_TTFB.observe(ttfb / 1000)
                 size += len(chunk)
                 if keep_body and size <= settings.AUDIT_BODY_CAP:
                     body_parts.append(chunk)
@@ -560,7 +562,7 @@ class Relay:
         prompt, completion = _usage_tokens(turn.usage if turn is not None else None)
         record = self._attempt_record(
             number, target, _attempt_outcome(decision), started, upstream_status=200, ttfb_ms=ttfb,
-            abort_reason=(abort.finding.detail if abort is not None else decision.reason if not decision.usable else ""),
+            abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable else decision.reason),
             findings=decision.findings, prompt_tokens=prompt, completion_tokens=completion, bytes_received=size,
             body=b"".join(body_parts),
         )
@@ -637,8 +639,8 @@ class Relay:
         reason = error.message if error is not None else decision.reason
         self.error = reason
         if self.policy.exhaustion == Exhaustion.ERROR:
-            failure = UpstreamError(502, f"the upstream failed {attempts} time(s): {reason} (request id: {self.req.id})",
-                                    "upstream_error", code="upstream_failed")
+            message = f"the upstream failed {attempts} time(s): {reason} (request id: {self.req.id})"
+            failure = UpstreamError(502, message, "upstream_error", code="upstream_failed")
             await self._send(self.emitter.close_error(failure), more=False)
         else:
             await self._send(self.emitter.close_exhausted(exhaustion_message(self.req, attempts, reason)), more=False)
@@ -651,9 +653,9 @@ class Relay:
             target = self.req.plan.target(attempt)
             started = time.monotonic()
             try:
-                decision, body = await self._non_stream_attempt(attempt, target, started)
+                decision = await self._non_stream_attempt(attempt, target, started)
             except (UpstreamTimeout, UpstreamUnavailable) as exc:
-                decision, body = failure_decision(exc), None
+                decision = failure_decision(exc)
                 self.pending.append(self._attempt_record(attempt, target, "upstream-error", started,
                                                          abort_reason=str(exc), findings=decision.findings))
             if decision is None:
@@ -682,13 +684,14 @@ class Relay:
         await self._send_json(200, self.emitter.complete_exhausted(exhaustion_message(self.req, attempts, self.error)))
 
     async def _non_stream_attempt(self, number: int, target: UpstreamTarget,
-                                  started: float) -> tuple[Decision | None, bytes | None]:
+                                  started: float) -> Decision | None:
         async with self.client.open(target, upstream_body(self.req, target, ask_usage=False), stream=False) as response:
             if response.status != 200:
-                return await self._http_failure(number, target, started, response), None
+                return await self._http_failure(number, target, started, response)
             body = await response.read_capped(_NON_STREAM_CAP)
         if self.req.forwards_raw:
-            return await self._forward_plain(number, target, started, body), body
+            await self._forward_plain(number, target, started, body)
+            return None
         decision = decide_completion(body, self.spec, self.policy)
         prompt, completion = _usage_tokens(decision.turn.usage if decision.turn else None)
         self.pending.append(self._attempt_record(number, target, _attempt_outcome(decision), started,
@@ -696,7 +699,7 @@ class Relay:
                                                  abort_reason="" if decision.usable else decision.reason,
                                                  prompt_tokens=prompt, completion_tokens=completion,
                                                  bytes_received=len(body), body=body))
-        return decision, body
+        return decision
 
     async def _forward_plain(self, number: int, target: UpstreamTarget, started: float, body: bytes) -> None:
         """A tool-less non-stream answer goes back unchanged."""
@@ -711,7 +714,6 @@ class Relay:
         self.outcome, self.status, self.committed, self.finished = "clean", 200, True, True
         await self.responder.start(200, self._headers([(b"content-type", b"application/json")]))
         await self.responder.send(body, more=False)
-        return None
 
 
 #: Findings that mean the model's output failed, not the transport (C41, C47).

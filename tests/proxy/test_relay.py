@@ -1,0 +1,230 @@
+"""The relay against a scripted upstream (httpx.MockTransport at the HTTP seam) and a recording client.
+
+What is checked here and not end to end: timing rules (commit deadline, keep-alives), the text rule
+after a retry, re-asking an upstream that rejects ``stream_options``, and closing the upstream on
+cancellation. The database is real (audit rows are written as in production).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+
+from audit.models import ProxyRequest
+from proxy.guard.emit_openai import OpenAIChatEmitter
+from proxy.relay import Relay, RelayRequest, drain_background
+from proxy.upstream import UpstreamClient
+from tenants.selectors import tenant_for_key
+from tenants.services import provision
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+TEXT = lambda text: chunk({"content": text})  # noqa: E731
+CALL = chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                              "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]})
+FINISH_CALLS = chunk({}, "tool_calls")
+FINISH_STOP = chunk({}, "stop")
+DONE = b"data: [DONE]\n\n"
+BROKEN = b"data: {not json\n\n"
+
+
+class Recorder:
+    """A Responder that records what the client would receive."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.headers: dict[bytes, bytes] = {}
+        self.parts: list[bytes] = []
+        self.ended = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        assert self.status is None, "headers sent twice"
+        self.status, self.headers = status, dict(headers)
+
+    async def send(self, body: bytes, *, more: bool = True) -> None:
+        assert self.status is not None, "body before headers"
+        assert not self.ended, "body after the end"
+        self.parts.append(body)
+        self.ended = not more
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.parts)
+
+    def text(self) -> str:
+        out = ""
+        for line in self.body.split(b"\n"):
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    out += choice.get("delta", {}).get("content") or ""
+        return out
+
+    def tool_names(self) -> list[str]:
+        names = []
+        for line in self.body.split(b"\n"):
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    names += [c["function"]["name"] for c in choice.get("delta", {}).get("tool_calls") or []
+                              if c.get("function", {}).get("name")]
+        return names
+
+
+Script = list[tuple[float, bytes]]
+
+
+def upstream(*attempts: Script | httpx.Response, seen: list[dict[str, Any]] | None = None,
+             closed: list[int] | None = None, pulled: list[int] | None = None) -> UpstreamClient:
+    """An UpstreamClient whose k-th call answers ``attempts[k]``: a Response, or (delay, bytes) frames."""
+    calls = iter(range(len(attempts)))
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        number = next(calls)
+        if seen is not None:
+            seen.append(json.loads(request.content))
+        answer = attempts[number]
+        if isinstance(answer, httpx.Response):
+            return answer
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                for delay, data in answer:
+                    await asyncio.sleep(delay)
+                    if pulled is not None:
+                        pulled.append(number)
+                    yield data
+            finally:
+                if closed is not None:
+                    closed.append(number)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=frames())
+
+    return UpstreamClient(transport=httpx.MockTransport(handler))
+
+
+@pytest.fixture
+def make_request() -> Callable[..., RelayRequest]:
+    done = provision(tenant_name="relay-tests", upstream_url="http://upstream.test/v1", upstream_key="sk-x")
+    snapshot = tenant_for_key(done.raw_key or "")
+    assert snapshot is not None
+
+    def make(*, tools: bool = True, **policy: Any) -> RelayRequest:
+        plan = snapshot.resolve("m")
+        assert plan is not None
+        plan = dataclasses.replace(plan, policy=dataclasses.replace(plan.policy, **policy))
+        body: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        if tools:
+            body["tools"] = TOOLS
+        return RelayRequest(snapshot=snapshot, plan=plan, body=body,
+                            emitter=OpenAIChatEmitter(model="m", include_usage=False))
+
+    return make
+
+
+async def run(request: RelayRequest, client: UpstreamClient) -> Recorder:
+    recorder = Recorder()
+    await Relay(request, recorder, client).run()
+    await drain_background()
+    return recorder
+
+
+async def test_it_commits_at_the_deadline_and_keeps_the_connection_alive_while_holding(make_request: Any) -> None:
+    request = make_request(commit_deadline=0.05, keepalive_interval=0.05)
+    recorder = await run(request, upstream([(0.3, CALL), (0, FINISH_CALLS), (0, DONE)]))
+    assert recorder.status == 200
+    first_call = recorder.body.index(b"get_weather")
+    assert b": keepalive" in recorder.body[:first_call]
+    assert recorder.body.count(b": keepalive") >= 3
+    assert recorder.tool_names() == ["get_weather"]
+
+
+async def test_it_does_not_commit_before_the_deadline_when_nothing_is_ready(make_request: Any) -> None:
+    request = make_request(commit_deadline=5.0)
+    recorder = await run(request, upstream([(0.1, CALL), (0, FINISH_CALLS), (0, DONE)]))
+    assert b": keepalive" not in recorder.body
+    assert recorder.body.endswith(DONE)
+
+
+async def test_it_sends_only_the_tool_calls_of_a_retry_after_text_was_streamed(make_request: Any) -> None:
+    request = make_request()
+    recorder = await run(request, upstream([(0, TEXT("Let me check")), (0, BROKEN)],
+                                           [(0, TEXT("Something else")), (0, CALL), (0, FINISH_CALLS), (0, DONE)]))
+    assert recorder.text() == "Let me check"
+    assert recorder.tool_names() == ["get_weather"]
+    assert recorder.body.endswith(DONE)
+
+
+async def test_it_continues_text_after_a_retry_minus_the_common_prefix(make_request: Any) -> None:
+    request = make_request()
+    recorder = await run(request, upstream([(0, TEXT("Hello wor")), (0, BROKEN)],
+                                           [(0, TEXT("Hello world")), (0, TEXT(", done.")), (0, FINISH_STOP), (0, DONE)]))
+    assert recorder.text() == "Hello world, done."
+    row = await sync_to_async(ProxyRequest.objects.get)(id=request.id)
+    assert (row.outcome, row.attempts) == ("recovered-by-retry", 2)
+
+
+async def test_it_aborts_a_broken_attempt_without_reading_the_rest(make_request: Any) -> None:
+    pulled: list[int] = []
+    request = make_request()
+    slow_tail = [(0, BROKEN), *[(0.2, TEXT("never read")) for _ in range(20)]]
+    started = asyncio.get_running_loop().time()
+    recorder = await run(request, upstream(slow_tail, [(0, CALL), (0, FINISH_CALLS), (0, DONE)], pulled=pulled))
+    assert recorder.tool_names() == ["get_weather"]
+    assert b"never read" not in recorder.body
+    assert pulled.count(0) == 1, "nothing was read from the broken attempt after its first bad frame"
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_it_asks_again_without_stream_options_when_the_upstream_rejects_them(make_request: Any) -> None:
+    seen: list[dict[str, Any]] = []
+    error = {"error": {"message": "unknown field stream_options", "type": "invalid_request_error"}}
+    rejection = httpx.Response(400, headers={"content-type": "application/json"},
+                               stream=httpx.ByteStream(json.dumps(error).encode()))
+    request = make_request()
+    recorder = await run(request, upstream(rejection, [(0, CALL), (0, FINISH_CALLS), (0, DONE)], seen=seen))
+    assert recorder.tool_names() == ["get_weather"]
+    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in seen[1]
+
+
+async def test_it_closes_the_upstream_when_the_client_goes_away(make_request: Any) -> None:
+    closed: list[int] = []
+    request = make_request(tools=False)
+    client = upstream([(0.05, TEXT(f"t{i}")) for i in range(100)], closed=closed)
+    recorder = Recorder()
+    task = asyncio.ensure_future(Relay(request, recorder, client).run())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await drain_background()
+    assert closed == [0]
+    row = await sync_to_async(ProxyRequest.objects.get)(id=request.id)
+    assert row.outcome == "client-cancelled"
+
+
+async def test_it_answers_exhaustion_in_stream_after_the_commit(make_request: Any) -> None:
+    request = make_request(max_retries=1)
+    broken = [(0, TEXT("Working on it")), (0, BROKEN)]
+    recorder = await run(request, upstream(broken, broken))
+    assert recorder.status == 200
+    assert "[toolrelay]" in recorder.text()
+    assert recorder.tool_names() == []
+    assert b'"finish_reason":"stop"' in recorder.body
+    assert recorder.body.endswith(DONE)
