@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -18,6 +18,8 @@ REQUESTS = Counter("toolrelay_requests_total", "Client requests by tenant, path 
 ATTEMPTS = Counter("toolrelay_upstream_attempts_total", "Upstream attempts by outcome.", ["outcome"])
 FINDINGS = Counter("toolrelay_findings_total", "Guard findings by kind.", ["kind"])
 CLIENT_CANCELLED = Counter("toolrelay_client_cancelled_total", "Requests whose client went away mid-response.")
+IN_FLIGHT = Gauge("toolrelay_requests_in_flight",
+                  "Requests being relayed or whose audit rows are still being written.", multiprocess_mode="livesum")
 CLIENT_TTFT = Histogram("toolrelay_client_ttft_seconds", "Time from request to first byte sent to the client.",
                         ["path"], buckets=_TTFT_BUCKETS)
 UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",

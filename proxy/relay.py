@@ -137,6 +137,13 @@ async def _audit(fn: Callable[..., None], **kwargs: Any) -> None:
         logger.exception("audit write failed")
 
 
+async def _audit_and_release(**kwargs: Any) -> None:
+    try:
+        await _audit(audit.request_finish, **kwargs)
+    finally:
+        metrics.IN_FLIGHT.dec()
+
+
 def upstream_body(req: RelayRequest, target: UpstreamTarget, *, ask_usage: bool) -> bytes:
     """The body for ``target``: model mapped, output tokens capped, usage asked for when ``ask_usage``.
 
@@ -332,6 +339,7 @@ class Relay:
 
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
+        metrics.IN_FLIGHT.inc()
         try:
             if not self.req.stream:
                 await self._non_stream()
@@ -376,7 +384,7 @@ class Relay:
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error,
         )
         metrics.observe_request(self.req.snapshot.slug, self.req.path, self.outcome, self.ttft)
-        schedule(_audit(audit.request_finish, request=self.record, result=result, attempts=list(self.pending)))
+        schedule(_audit_and_release(request=self.record, result=result, attempts=list(self.pending)))
 
     async def _record_now(self, attempt: audit.AttemptRecord) -> None:
         """Write a failed attempt before the retry starts (so a crash loses nothing already decided)."""

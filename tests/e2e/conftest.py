@@ -165,3 +165,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.django_db(transaction=True))
+
+
+@pytest.fixture(autouse=True)
+def _proxy_quiet_after_test(request: pytest.FixtureRequest, transactional_db: Any) -> Iterator[None]:
+    """Before the test database is flushed, wait until the proxy has written every audit row:
+    a flush racing Daphne's background writes deadlocks on Postgres."""
+    yield
+    if "proxy_server" not in request.fixturenames:
+        return
+    server = request.getfixturevalue("proxy_server")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+        line = next((x for x in metrics.splitlines() if x.startswith("toolrelay_requests_in_flight ")), "")
+        if line and float(line.split()[1]) == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the proxy still has requests in flight 15 s after the test")
