@@ -106,7 +106,8 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
                                                         audit_rows: Any, django_db_blocker: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
-    with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}:broken=1", messages=messages,
+    scenario = f"case:{case['id']}:broken=1"
+    with _client(tenant) as client, client.chat.completions.stream(model=scenario, messages=messages,
                                                   tools=case["request_tools"]) as stream:
         for _ in stream:
             pass

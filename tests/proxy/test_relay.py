@@ -172,8 +172,8 @@ async def test_it_sends_only_the_tool_calls_of_a_retry_after_text_was_streamed(m
 
 async def test_it_continues_text_after_a_retry_minus_the_common_prefix(make_request: Any) -> None:
     request = make_request()
-    recorder = await run(request, upstream([(0, TEXT("Hello wor")), (0, BROKEN)],
-                                           [(0, TEXT("Hello world")), (0, TEXT(", done.")), (0, FINISH_STOP), (0, DONE)]))
+    retry = [(0, TEXT("Hello world")), (0, TEXT(", done.")), (0, FINISH_STOP), (0, DONE)]
+    recorder = await run(request, upstream([(0, TEXT("Hello wor")), (0, BROKEN)], retry))
     assert recorder.text() == "Hello world, done."
     row = await sync_to_async(ProxyRequest.objects.get)(id=request.id)
     assert (row.outcome, row.attempts) == ("recovered-by-retry", 2)
