@@ -227,3 +227,30 @@ def test_it_maps_auth_and_routing_errors(make_tenant: Any, django_db_blocker: An
     too_big = httpx.post(f"{tenant.base_url}/chat/completions", content=b"x" * (33 * 1024 * 1024),
                          headers={"authorization": f"Bearer {tenant.api_key}"}, timeout=30)
     assert too_big.status_code == 413
+
+
+def test_it_sends_retries_to_the_routes_fallback_upstreams(make_tenant: Any, simulator: Any,
+                                                           django_db_blocker: Any) -> None:
+    from tenants.models import RouteFallback
+    from tenants.services import route_upsert, upstream_upsert
+
+    tenant = make_tenant(upstream_key="sk-primary")
+    with django_db_blocker.unblock():
+        backup = upstream_upsert(tenant=tenant.tenant, name="backup", base_url=simulator.url, credential="sk-backup")
+        route = route_upsert(tenant=tenant.tenant, public_name="coder", upstream=tenant.upstream,
+                             upstream_model="case:C41", max_output_tokens=100)
+        RouteFallback.objects.create(route=route, position=1, upstream=backup, model="gen:calls=1:corrupt=0")
+    messages, marker = _marker_messages()
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0) as client, \
+            client.chat.completions.stream(model="coder", messages=messages, tools=WEATHER_TOOL,
+                                           max_tokens=32000) as stream:
+        for _ in stream:
+            pass
+        completion = stream.get_final_completion()
+    assert completion.choices[0].message.tool_calls
+    first, second = _calls(simulator, marker)
+    assert first["body"]["model"] == "case:C41"
+    assert first["authorization_sha256"] == hashlib.sha256(b"sk-primary").hexdigest()[:16]
+    assert second["body"]["model"] == "gen:calls=1:corrupt=0"
+    assert second["authorization_sha256"] == hashlib.sha256(b"sk-backup").hexdigest()[:16]
+    assert first["body"]["max_tokens"] == 100, "the route caps the client's output tokens"
