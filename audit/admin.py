@@ -11,10 +11,11 @@ bounded sample or from small tables, and every filter has an index that also ser
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import models
@@ -31,23 +32,6 @@ from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from audit.report_services import report_delete, report_enqueue
 from audit.scoping import can_view_audit, visible_tenant_ids, visible_tenants
 from tenants.models import Tenant, Upstream
-
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin, TabularInline
-else:
-
-    class ModelAdmin(admin.ModelAdmin):
-        """``admin.ModelAdmin``, subscriptable at runtime as in django-stubs."""
-
-        def __class_getitem__(cls, _model: object) -> type:
-            return cls
-
-    class TabularInline(admin.TabularInline):
-        """``admin.TabularInline``, subscriptable at runtime as in django-stubs."""
-
-        def __class_getitem__(cls, _models: object) -> type:
-            return cls
-
 
 _M = TypeVar("_M", bound=models.Model)
 

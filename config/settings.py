@@ -11,9 +11,13 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import envbool, envfloat, envint, envlist, envstr
+
+# Generic Django classes (ModelAdmin[Model], QuerySet[Model]) subscriptable at runtime, as typed.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("TOOLRELAY_VAR_DIR", str(BASE_DIR / "var")))

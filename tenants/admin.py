@@ -11,11 +11,12 @@ upstream credential or its extra headers never.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
 from django.db.models import Count, Q, QuerySet
@@ -26,23 +27,6 @@ from django.utils import timezone
 from tenants.models import ApiKey, Membership, ModelRoute, PolicyFields, RouteFallback, Tenant, Upstream
 from tenants.selectors import tenants_for_user
 from tenants.services import api_key_create, api_key_revoke
-
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin, TabularInline
-else:
-
-    class ModelAdmin(admin.ModelAdmin):
-        """``admin.ModelAdmin``, subscriptable at runtime as in django-stubs (``ModelAdmin[Tenant]``)."""
-
-        def __class_getitem__(cls, _model: object) -> type:
-            return cls
-
-    class TabularInline(admin.TabularInline):
-        """``admin.TabularInline``, subscriptable at runtime as in django-stubs."""
-
-        def __class_getitem__(cls, _models: object) -> type:
-            return cls
-
 
 _M = TypeVar("_M", bound=models.Model)
 
