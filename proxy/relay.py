@@ -572,7 +572,7 @@ class Relay:
             number, target, _attempt_outcome(decision), started, upstream_status=200, ttfb_ms=ttfb,
             abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable else decision.reason),
             findings=decision.findings, prompt_tokens=prompt, completion_tokens=completion, bytes_received=size,
-            body=b"".join(body_parts),
+            body=b"".join(body_parts), tool_names=guard.tool_names(),
         )
         return _AttemptResult(decision, record, held)
 

@@ -691,6 +691,18 @@ class Accumulator:
         call, _ = self._resolve_slot(ch, slot)
         return call, self._take()
 
+    def slot_names(self) -> dict[tuple[int, int], str]:
+        """The name each tool-call slot amounts to so far, by (choice, slot position); '' when unnamed.
+
+        For the audit (findings name the tool they are about), also of attempts that were aborted.
+        """
+        out = {}
+        for i, ch in self.choices.items():
+            for slot in ch.slots:
+                name = resolve_slot_name(slot.names, self.names, self.policy)
+                out[(i, slot.position)] = resolve_name(name, self.names, self.policy) or name
+        return out
+
     def raw_texts(self) -> dict[tuple[int, str], str]:
         """The raw text per (choice, channel) as received (before markup extraction)."""
         return {(i, k): "".join(v) for i, ch in self.choices.items() for k, v in ch.text.items()}

@@ -179,6 +179,10 @@ class AttemptGuard:
         self._finding(f, out)
         self._aborted = True
 
+    def tool_names(self) -> dict[tuple[int, int], str]:
+        """The tool name of each call slot seen, by (choice, slot): what findings with a slot are about."""
+        return self._acc.slot_names()
+
     # -- the end ---------------------------------------------------------------------------------
 
     def _drain(self, out: list[Event]) -> None:

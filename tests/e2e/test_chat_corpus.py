@@ -163,3 +163,24 @@ def test_it_passes_non_retryable_errors_to_the_client(case: dict[str, Any], make
     request_id = error.response.headers["x-request-id"]
     assert audit_rows(request_id).outcome == "upstream-error"
     assert case["kind"] in _findings(django_db_blocker, request_id)
+
+
+@pytest.mark.parametrize("case_id", ["C14", "C46", "C15"])
+def test_it_names_the_tool_a_finding_is_about(case_id: str, make_tenant: Any, audit_rows: Any,
+                                             django_db_blocker: Any) -> None:
+    from audit.models import Finding
+
+    case = _load(CASES_DIR / f"{case_id}.json")
+    tenant = make_tenant()
+    messages, _ = _messages()
+    with _client(tenant) as client, client.chat.completions.stream(
+            model=f"case:{case_id}:broken=1", messages=messages, tools=case["request_tools"]) as stream:
+        for _ in stream:
+            pass
+        request_id = stream._response.headers["x-request-id"]
+    audit_rows(request_id)
+    declared = {t["function"]["name"] for t in case["request_tools"]}
+    with django_db_blocker.unblock():
+        named = set(Finding.objects.filter(request_id=request_id, kind=case["kind"]).exclude(slot=None)
+                    .values_list("tool_name", flat=True))
+    assert named and named <= declared
