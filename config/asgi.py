@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -17,8 +18,8 @@ from django.urls import re_path  # noqa: E402
 
 from proxy.routing import proxy_urlpatterns  # noqa: E402
 
-_django = ASGIStaticFilesHandler(django_application) if settings.SERVE_STATIC else django_application
+_django: Any = ASGIStaticFilesHandler(django_application) if settings.SERVE_STATIC else django_application
+# Channels routes ASGI apps with Django's URL patterns; the stubs type those for views only.
+_routes: list[Any] = [*proxy_urlpatterns, re_path(r"", _django)]
 
-application = ProtocolTypeRouter(
-    {"http": URLRouter([*proxy_urlpatterns, re_path(r"", _django)])},
-)
+application = ProtocolTypeRouter({"http": URLRouter(_routes)})

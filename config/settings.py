@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django_stubs_ext
@@ -110,11 +111,12 @@ TEMPLATES = [
 ]
 
 
-def _database() -> dict[str, object]:
+def _database() -> dict[str, Any]:
     default = f"sqlite:///{VAR_DIR / 'toolrelay.sqlite3'}"
     url = envstr("DATABASE_URL", default)
     try:
-        config = dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60), conn_health_checks=True)
+        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60),
+                                                            conn_health_checks=True))
     except Exception as exc:  # dj-database-url raises several types on malformed URLs
         raise ImproperlyConfigured(f"DATABASE_URL={url!r} is not a valid database URL: {exc}") from exc
     if config.get("ENGINE") == "django.db.backends.sqlite3":

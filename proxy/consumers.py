@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from channels.consumer import AsyncConsumer
@@ -56,15 +57,15 @@ class _Responder:
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
 
 
-def header(scope: dict[str, Any], name: bytes) -> str:
+def header(scope: Mapping[str, Any], name: bytes) -> str:
     """The first value of request header ``name`` (lowercase bytes), decoded as latin-1, or ''."""
     for key, value in scope.get("headers", ()):
         if key == name:
-            return value.decode("latin-1")
+            return bytes(value).decode("latin-1")
     return ""
 
 
-def api_key_from(scope: dict[str, Any]) -> str:
+def api_key_from(scope: Mapping[str, Any]) -> str:
     """The client's key from ``Authorization: Bearer`` or ``x-api-key`` (both are accepted)."""
     authorization = header(scope, b"authorization")
     if authorization[:7].lower() == "bearer ":

@@ -160,8 +160,8 @@ def upstream_body(req: RelayRequest, target: UpstreamTarget, *, ask_usage: bool)
         if cap and isinstance(value, int) and value > cap:
             changes[key] = cap
     if ask_usage and target.upstream_id not in _REJECTS_STREAM_OPTIONS and not req.include_usage:
-        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-        changes["stream_options"] = {**options, "include_usage": True}
+        options = body.get("stream_options")
+        changes["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     elif "stream_options" in body and target.upstream_id in _REJECTS_STREAM_OPTIONS:
         changes["stream_options"] = None
     if not changes and req.raw_body is not None:
@@ -267,9 +267,7 @@ class Relay:
 
     async def _commit(self) -> None:
         """Send status and SSE headers (once), then the emitter's opening bytes."""
-        if self.committed:
-            return
-        async with self._commit_lock:
+        async with self._commit_lock:  # uncontended: one acquire per response
             if self.committed:
                 return
             await self.responder.start(200, self._headers(SSE_HEADERS))

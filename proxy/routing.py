@@ -3,16 +3,26 @@
 
 from __future__ import annotations
 
-from django.urls import re_path
+from typing import Any
+
+from django.urls import URLPattern, re_path
 
 from proxy.consumers import ChatCompletionsConsumer, ModelsConsumer, ProxyConsumer
 from proxy.consumers_agents import CountTokensConsumer, MessagesConsumer, ResponsesConsumer
 
+
+def asgi_path(pattern: str, consumer: type[ProxyConsumer]) -> URLPattern:
+    """``re_path`` for an ASGI consumer (Channels routes them like views; django-stubs only types views)."""
+    app: Any = consumer.as_asgi()
+    route: URLPattern = re_path(pattern, app)
+    return route
+
+
 proxy_urlpatterns = [
-    re_path(r"^v1/chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
-    re_path(r"^v1/models/?$", ModelsConsumer.as_asgi()),
-    re_path(r"^v1/messages/count_tokens/?$", CountTokensConsumer.as_asgi()),
-    re_path(r"^v1/messages/?$", MessagesConsumer.as_asgi()),
-    re_path(r"^v1/responses/?$", ResponsesConsumer.as_asgi()),
-    re_path(r"^v1/", ProxyConsumer.as_asgi()),
+    asgi_path(r"^v1/chat/completions/?$", ChatCompletionsConsumer),
+    asgi_path(r"^v1/models/?$", ModelsConsumer),
+    asgi_path(r"^v1/messages/count_tokens/?$", CountTokensConsumer),
+    asgi_path(r"^v1/messages/?$", MessagesConsumer),
+    asgi_path(r"^v1/responses/?$", ResponsesConsumer),
+    asgi_path(r"^v1/", ProxyConsumer),
 ]

@@ -87,8 +87,9 @@ class TenantSnapshot:
         exact = [r for r in self.routes if not r.is_glob and r.public_name == model]
         globs = sorted((r for r in self.routes if r.is_glob and _glob(model, r.public_name)),
                        key=lambda r: -len(r.public_name))
-        entry = (exact or globs or [None])[0]
-        if entry is not None:
+        matches = exact or globs
+        if matches:
+            entry = matches[0]
             targets = tuple(_target(up, m or entry.upstream_model or model) for up, m in entry.targets if up.enabled)
             if targets:
                 return RoutePlan(model, entry.route_id, targets, entry.max_output_tokens,

@@ -289,7 +289,8 @@ def _unwrap_string(value: str, types: set[str]) -> tuple[Any, bool]:
 
 def _unwrap_members(value: dict[str, Any], schema: dict[str, Any], path: str) -> tuple[Any, list[str]]:
     """Recurse into an object's members by ``properties`` / ``additionalProperties``."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    declared = schema.get("properties")
+    props: dict[str, Any] = declared if isinstance(declared, dict) else {}
     extra = schema.get("additionalProperties")
     out, done = dict(value), []
     for key, member in value.items():
@@ -301,7 +302,8 @@ def _unwrap_members(value: dict[str, Any], schema: dict[str, Any], path: str) ->
 
 def _unwrap_items(value: list[Any], schema: dict[str, Any], path: str) -> tuple[Any, list[str]]:
     """Recurse into an array's elements by ``prefixItems`` / ``items`` (draft-07 tuple ``items`` too)."""
-    prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+    declared = schema.get("prefixItems")
+    prefix: list[Any] = declared if isinstance(declared, list) else []
     items = schema.get("items")
     if isinstance(items, list):  # draft 4-7 tuple form; the rest follow additionalItems
         prefix, items = items, schema.get("additionalItems")

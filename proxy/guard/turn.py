@@ -105,8 +105,9 @@ class RequestSpec:
                 tools.append(ToolSpec(fn["name"], params if isinstance(params, dict) else None))
         choice = body.get("tool_choice", "auto")
         if isinstance(choice, dict):
-            fn = choice.get("function") if isinstance(choice.get("function"), dict) else {}
-            choice = fn.get("name") if isinstance(fn.get("name"), str) else "auto"
+            named = choice.get("function")
+            name = named.get("name") if isinstance(named, dict) else None
+            choice = name if isinstance(name, str) else "auto"
         elif choice not in ("auto", "none", "required"):
             choice = "auto"
         n = body.get("n")

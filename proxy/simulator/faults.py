@@ -430,7 +430,7 @@ def _content_filter(stream: Stream, turn: Turn, ctx: FaultContext) -> None:
     filters = [{"prompt_index": 0, "content_filter_results": _FILTER_RESULTS}]
     prompt = {"choices": [], **blank, "prompt_filter_results": filters}
     offsets = {"check_offset": 12, "start_offset": 12, "end_offset": 48}
-    choice = {"index": 0, "finish_reason": None, "content_filter_results": _FILTER_RESULTS}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": None, "content_filter_results": _FILTER_RESULTS}
     choice["content_filter_offsets"] = offsets
     for frame in stream.frames:
         for c in (frame.chunk or {}).get("choices") or []:

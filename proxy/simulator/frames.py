@@ -34,7 +34,8 @@ class Frame:
     def entries(self) -> list[dict[str, Any]]:
         """The ``delta.tool_calls`` entries of this frame (empty when it has none)."""
         choices = (self.chunk or {}).get("choices") or [{}]
-        return choices[0].get("delta", {}).get("tool_calls", [])
+        entries: list[dict[str, Any]] = choices[0].get("delta", {}).get("tool_calls", [])
+        return entries
 
 
 @dataclass(frozen=True)

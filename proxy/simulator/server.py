@@ -100,7 +100,9 @@ class Stats:
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-safe copy: ``{"requests": [...], "counters": {key: attempts}}``."""
-        return json.loads(json.dumps({"requests": list(self.records), "counters": self.attempts}, default=str))
+        copy: dict[str, Any] = json.loads(json.dumps({"requests": list(self.records), "counters": self.attempts},
+                                                     default=str))
+        return copy
 
     def reset(self) -> None:
         """Forget every record and counter."""
@@ -281,7 +283,7 @@ async def _write(conn: Connection, reply: Reply, record: dict[str, Any], *, keep
     for number, piece in enumerate(reply.pieces):
         if number == reply.drop_after:
             break
-        due += (reply.frame_gap if number else 0.0) + (reply.stall_after[1] if _stalls(reply, number) else 0.0)
+        due += (reply.frame_gap if number else 0.0) + _stall(reply, number)
         if due > time.monotonic() and not (await out.flush() and await conn.pause_until(due)):
             return False
         out.add(piece)
@@ -321,8 +323,11 @@ class _Batch:
         return not self.conn.gone()
 
 
-def _stalls(reply: Reply, number: int) -> bool:
-    return reply.stall_after is not None and number == reply.stall_after[0]
+def _stall(reply: Reply, number: int) -> float:
+    """Seconds to pause before frame ``number`` (``stall-after=K:ms=MS``), else 0."""
+    if reply.stall_after is None or number != reply.stall_after[0]:
+        return 0.0
+    return reply.stall_after[1]
 
 
 async def _write_fixed(conn: Connection, reply: Reply, record: dict[str, Any], *, keep_alive: bool) -> bool:
@@ -376,7 +381,8 @@ class RunningSimulator:
 
     def stats(self) -> dict[str, Any]:
         """``{"requests": [record, ...], "counters": {...}}``, as ``GET /_sim/stats`` returns."""
-        return self._call(self.simulator.stats.snapshot)
+        snapshot: dict[str, Any] = self._call(self.simulator.stats.snapshot)
+        return snapshot
 
     def reset(self) -> None:
         """Clear records and attempt counters, as ``POST /_sim/reset`` does."""

@@ -110,7 +110,8 @@ def text_pieces(count: int, rng: random.Random) -> list[str]:
 
 def new_turn(body: dict[str, Any], rng: random.Random) -> Turn:
     """An empty turn with identity fields drawn from ``rng`` and the request's model."""
-    model = body.get("model") if isinstance(body.get("model"), str) else "sim"
+    requested = body.get("model")
+    model = requested if isinstance(requested, str) else "sim"
     return Turn(completion_id=f"chatcmpl-{rng.getrandbits(96):024x}", created=int(time.time()), model=model)
 
 
