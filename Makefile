@@ -53,8 +53,6 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 typecheck: $(STAMP)
-	@$(BIN)/python -c 'import mypy, mypy_django_plugin' 2>/dev/null || \
-		$(BIN)/pip install --disable-pip-version-check 'mypy>=1.13' 'django-stubs>=5.2,<5.3' types-channels types-jsonschema
 	$(BIN)/mypy
 
 up:
