@@ -17,7 +17,7 @@ help:
 	@echo "make install    create .venv and install toolrelay with its dev dependencies"
 	@echo "make lint       ruff check"
 	@echo "make format     ruff check --fix, then ruff format"
-	@echo "make typecheck  mypy with the django-stubs plugin (installed into .venv on first use)"
+	@echo "make typecheck  mypy --strict with the django-stubs plugin"
 	@echo "make up         docker compose up (needs a .env; see .env.example)"
 
 install: $(STAMP)
