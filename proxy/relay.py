@@ -300,11 +300,18 @@ class Relay:
 
     async def send_error(self, status: int, message: str, *, type: str, code: str | None = None,
                          param: str | None = None, should_retry: bool | None = None) -> None:
-        """An HTTP error in the client's protocol; the message always carries the request id."""
+        """An HTTP error in the client's protocol; the message always carries the request id.
+
+        If the commit deadline committed the stream meanwhile, the error goes in-stream instead.
+        """
         self.error = message
         text = f"{message} (request id: {self.req.id})"
-        await self._send_json(status, self.emitter.error_body(status, text, type=type, param=param, code=code),
-                              should_retry=should_retry)
+        async with self._commit_lock:
+            if not self.committed:
+                body = self.emitter.error_body(status, text, type=type, param=param, code=code)
+                await self._send_json(status, body, should_retry=should_retry)
+                return
+        await self._send(self.emitter.close_error(UpstreamError(status, text, type, code=code)), more=False)
 
     # ----- keep-alives and the commit deadline -----
 

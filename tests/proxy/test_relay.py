@@ -228,3 +228,16 @@ async def test_it_answers_exhaustion_in_stream_after_the_commit(make_request: An
     assert recorder.tool_names() == []
     assert b'"finish_reason":"stop"' in recorder.body
     assert recorder.body.endswith(DONE)
+
+
+async def test_it_reports_an_error_in_stream_once_the_commit_deadline_committed(make_request: Any) -> None:
+    async def late_rejection() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0.05)
+        yield json.dumps({"error": {"message": "context length exceeded", "type": "invalid_request_error"}}).encode()
+
+    request = make_request(commit_deadline=0.0)
+    slow = upstream(httpx.Response(400, headers={"content-type": "application/json"}, content=late_rejection()))
+    recorder = await run(request, slow)
+    assert recorder.status == 200
+    assert b'"error"' in recorder.body and b"context length exceeded" in recorder.body
+    assert recorder.ended
