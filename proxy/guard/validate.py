@@ -27,6 +27,7 @@ from jsonschema.validators import validator_for
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
+from proxy.guard.schema_regex import safe_class, strip_backtracking_keywords
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, Turn
 
 _DETAIL_CAP = 500
@@ -194,7 +195,8 @@ def _compiled(key: str) -> Validator | str:
     for cls in _validator_classes(schema):
         try:
             cls.check_schema(schema)
-            return cls(schema)
+            # Patterns come from the client and strings from the model: match them in linear time.
+            return safe_class(cls)(strip_backtracking_keywords(schema))
         except Exception as exc:  # noqa: BLE001 -- client schemas are arbitrary; never crash on one
             problem = _short(exc)
     return problem
