@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import re2
+import re2  # type: ignore[import-untyped]
 from jsonschema import Draft7Validator, Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
@@ -49,7 +49,7 @@ def _matches_any(key: str, patterns: Mapping[str, Any]) -> bool:
     return any(search(p, key) is not False for p in patterns)
 
 
-def _pattern_properties(validator: Validator, patterns: Mapping[str, Any], instance: Any,
+def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any,
                         schema: Mapping[str, Any]) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -59,7 +59,7 @@ def _pattern_properties(validator: Validator, patterns: Mapping[str, Any], insta
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _additional_properties(validator: Validator, additional: Any, instance: Any,
+def _additional_properties(validator: Any, additional: Any, instance: Any,
                            schema: Mapping[str, Any]) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -77,13 +77,16 @@ def _additional_properties(validator: Validator, additional: Any, instance: Any,
 _SAFE = {"pattern": _pattern, "patternProperties": _pattern_properties,
          "additionalProperties": _additional_properties}
 
-SafeDraft202012Validator = extend(Draft202012Validator, _SAFE)
-SafeDraft7Validator = extend(Draft7Validator, _SAFE)
+_SAFE_CLASSES: dict[Any, Any] = {
+    Draft202012Validator: extend(Draft202012Validator, _SAFE),  # type: ignore[no-untyped-call]
+    Draft7Validator: extend(Draft7Validator, _SAFE),  # type: ignore[no-untyped-call]
+}
 
 
 def safe_class(cls: type[Validator]) -> type[Validator]:
     """The RE2-backed variant of a jsonschema validator class (drafts 7 and 2020-12; others as is)."""
-    return {Draft202012Validator: SafeDraft202012Validator, Draft7Validator: SafeDraft7Validator}.get(cls, cls)
+    safe: type[Validator] = _SAFE_CLASSES.get(cls, cls)
+    return safe
 
 
 def strip_backtracking_keywords(schema: Any) -> Any:
