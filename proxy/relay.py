@@ -18,6 +18,7 @@ the rest in a background task once the response has ended.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -389,7 +390,8 @@ class Relay:
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error,
         )
         metrics.observe_request(self.req.snapshot.slug, self.req.path, self.outcome, self.ttft)
-        schedule(_audit_and_release(request=self.record, result=result, attempts=list(self.pending)))
+        schedule(_audit_and_release(request=self.record, result=result, attempts=list(self.pending),
+                                    exists=bool(self.written)))
 
     async def _record_now(self, attempt: audit.AttemptRecord) -> None:
         """Write a failed attempt before the retry starts (so a crash loses nothing already decided)."""
@@ -545,7 +547,8 @@ class Relay:
             return _AttemptResult(decision, record, [])
 
     async def _read_guarded(self, number: int, target: UpstreamTarget, started: float) -> _AttemptResult:
-        guard = AttemptGuard(self.spec, self.policy)
+        asked = self.req.include_usage or target.upstream_id not in _REJECTS_STREAM_OPTIONS
+        guard = AttemptGuard(dataclasses.replace(self.spec, usage_requested=asked), self.policy)
         live = self.policy.stream_text and not self.text_sent
         held: list[TextDelta] = []
         keep_body = self.policy.fragments == FragmentStorage.ATTEMPT

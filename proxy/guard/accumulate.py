@@ -408,8 +408,12 @@ class Accumulator:
         elif "prompt_filter_results" in obj:
             self.note(K.CONTENT_FILTER_ANNOTATION_CHUNKS, Action.IGNORED, "prompt filter chunk skipped")
         elif isinstance(choices, list) or "usage" in obj:
-            detail = "usage-only chunk" if isinstance(obj.get("usage"), dict) else "chunk with no choices"
-            self.note(K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, Action.IGNORED, detail)
+            usage_only = isinstance(obj.get("usage"), dict)
+            # Asked for with stream_options.include_usage, this chunk is the protocol (PROTOCOLS.md 1.4),
+            # not a quirk: only unrequested ones are findings (C36).
+            if not (usage_only and self.request.usage_requested):
+                detail = "usage-only chunk" if usage_only else "chunk with no choices"
+                self.note(K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, Action.IGNORED, detail)
         else:
             self.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
 

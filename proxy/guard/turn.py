@@ -79,13 +79,15 @@ class RequestSpec:
     """What the client's request says about tools (OpenAI Chat terms, PROTOCOLS.md 1.1).
 
     ``tool_choice`` is ``"auto" | "none" | "required"`` or the name of one forced function;
-    ``parallel_tool_calls`` False means at most one call per choice; ``n`` is the number of choices.
+    ``parallel_tool_calls`` False means at most one call per choice; ``n`` is the number of choices;
+    ``usage_requested``: the upstream was asked for a usage chunk (so one is not a finding).
     """
 
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     n: int = 1
+    usage_requested: bool = False  # the upstream request had stream_options.include_usage
 
     @property
     def names(self) -> frozenset[str]:
@@ -111,7 +113,9 @@ class RequestSpec:
         elif choice not in ("auto", "none", "required"):
             choice = "auto"
         n = body.get("n")
+        options = body.get("stream_options")
         return cls(
+            usage_requested=isinstance(options, dict) and options.get("include_usage") is True,
             tools=tuple(tools),
             tool_choice=choice,
             parallel_tool_calls=body.get("parallel_tool_calls") is not False,

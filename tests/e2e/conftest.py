@@ -7,6 +7,7 @@ process sees them; every test makes its own tenant, so tests do not depend on ea
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -183,3 +184,28 @@ def _proxy_quiet_after_test(request: pytest.FixtureRequest, transactional_db: An
             return
         time.sleep(0.05)
     raise AssertionError("the proxy still has requests in flight 15 s after the test")
+
+
+#: The proxy asks guarded upstreams for usage, so their usage-only chunk is the protocol, not the
+#: C36 quirk; through the proxy that case shows as captured usage instead of a finding.
+REQUESTED_USAGE_KIND = "usage-only-chunk-empty-choices"
+
+
+@pytest.fixture
+def assert_case_audited(django_db_blocker: Any) -> Callable[[dict[str, Any], str], None]:
+    """Assert the audit of ``request_id`` shows the fault of corpus ``case`` (a finding of its kind)."""
+
+    def check(case: dict[str, Any], request_id: str) -> None:
+        from audit.models import Finding, ProxyRequest
+
+        with django_db_blocker.unblock():
+            kinds = set(Finding.objects.filter(request_id=request_id).values_list("kind", flat=True))
+            row = ProxyRequest.objects.get(id=request_id)
+        if case["kind"] != REQUESTED_USAGE_KIND:
+            assert case["kind"] in kinds
+            return
+        usage = next(json.loads(c)["usage"] for c in case["upstream_chunks"] if '"usage"' in c)
+        assert REQUESTED_USAGE_KIND not in kinds
+        assert (row.prompt_tokens, row.completion_tokens) == (usage["prompt_tokens"], usage["completion_tokens"])
+
+    return check

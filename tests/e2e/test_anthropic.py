@@ -107,7 +107,8 @@ def _post(proxy_server: Any, tenant: Any, body: dict[str, Any], path: str = "/v1
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, Any], make_tenant: Any,
                                                                proxy_server: Any, simulator: Any, audit_rows: Any,
-                                                               django_db_blocker: Any) -> None:
+                                                               django_db_blocker: Any,
+        assert_case_audited: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
     with _client(proxy_server, tenant) as client, client.messages.stream(
@@ -122,7 +123,7 @@ def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, A
     row = audit_rows(request_id)
     assert row.client_protocol == "anthropic-messages"
     assert row.outcome in ("clean", "normalized", "repaired")
-    assert case["kind"] in _findings(django_db_blocker, request_id)
+    assert_case_audited(case, request_id)
 
 
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))

@@ -60,7 +60,7 @@ def _client(tenant: Any) -> openai.OpenAI:
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, Any], make_tenant: Any,
                                                               simulator: Any, audit_rows: Any,
-                                                              django_db_blocker: Any) -> None:
+                                                              django_db_blocker: Any, assert_case_audited: Any) -> None:
     tenant = make_tenant()
     messages, marker = _messages()
     with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
@@ -76,7 +76,7 @@ def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, An
     assert len(_upstream_calls(simulator, marker)) == 1
     row = audit_rows(request_id)
     assert row.outcome in ("clean", "normalized", "repaired")
-    assert case["kind"] in _findings(django_db_blocker, request_id)
+    assert_case_audited(case, request_id)
 
 
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))

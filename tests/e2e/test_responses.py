@@ -107,7 +107,8 @@ def _raw_events(response: httpx.Response) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_through_responses_stream(case: dict[str, Any], make_tenant: Any,
                                                                 simulator: Any, audit_rows: Any,
-                                                                django_db_blocker: Any) -> None:
+                                                                django_db_blocker: Any,
+        assert_case_audited: Any) -> None:
     tenant = make_tenant()
     items, marker = _input()
     response, request_id = _stream(tenant, model=f"case:{case['id']}", input=items, tools=_tools(case))
@@ -118,7 +119,7 @@ def test_it_delivers_recoverable_cases_through_responses_stream(case: dict[str, 
     row = audit_rows(request_id)
     assert row.client_protocol == "openai-responses"
     assert row.outcome in ("clean", "normalized", "repaired")
-    assert case["kind"] in _findings(django_db_blocker, request_id)
+    assert_case_audited(case, request_id)
 
 
 @pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))

@@ -3,6 +3,7 @@ literal corpus fixture (other names, positions, splits, parallel calls, interlea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -314,6 +315,17 @@ def test_it_keeps_usage_and_skips_empty_and_filter_chunks() -> None:
     assert d.turn is not None and d.turn.usage == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
     assert d.turn.choices[0].content == "Hi" and d.turn.id == "chatcmpl-1"
     assert {K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, K.CONTENT_FILTER_ANNOTATION_CHUNKS} <= kinds(d)
+
+
+def test_it_takes_a_requested_usage_chunk_as_the_protocol_not_a_quirk() -> None:
+    """With stream_options.include_usage asked for, the usage-only chunk is no finding; unasked it is (C36)."""
+    body = sse(text("Hi"), chunk(choice({}, "stop")), chunk(usage={"prompt_tokens": 1, "completion_tokens": 2}))
+    asked, _ = run(body, dataclasses.replace(TOOLS, usage_requested=True))
+    unasked, _ = run(body)
+    assert asked.outcome == Outcome.CLEAN and asked.turn is not None and asked.turn.usage is not None
+    assert K.USAGE_ONLY_CHUNK_EMPTY_CHOICES not in kinds(asked)
+    assert K.USAGE_ONLY_CHUNK_EMPTY_CHOICES in kinds(unasked)
+    assert RequestSpec.from_openai({"stream_options": {"include_usage": True}}).usage_requested
 
 
 def test_it_turns_in_band_errors_into_upstream_errors() -> None:
