@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,7 +43,7 @@ from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import Exhaustion, FragmentStorage, GuardPolicy
 from proxy.guard.turn import Decision, Outcome, RequestSpec, Turn, UpstreamError
-from proxy.upstream import UpstreamClient, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream import UpstreamClient, UpstreamTimeout, UpstreamUnavailable, redact, secrets_of
 from tenants.selectors import RoutePlan, TenantSnapshot, UpstreamTarget
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ _REJECTS_STREAM_OPTIONS: set[int] = set()
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 #: Bytes of the pass-through stream's end kept to read the usage chunk from.
 _TAIL_BYTES = 8192
+#: Upstream statuses that mean toolrelay's own credential was refused (never the client's key).
+_UPSTREAM_AUTH_STATUSES = frozenset({401, 403, 407})
 #: Non-stream upstream bodies larger than this are refused as an upstream failure.
 _NON_STREAM_CAP = 32 * 1024 * 1024
 
@@ -405,11 +409,31 @@ class Relay:
         metrics.ATTEMPTS.labels(outcome=outcome).inc()
         for finding in kwargs.get("findings", ()):
             metrics.FINDINGS.labels(kind=finding.kind.value).inc()
+        if kwargs.get("body"):
+            kwargs["body"] = redact(kwargs["body"].decode("utf-8", "replace"), self._secrets).encode()
         # Records are numbered in call order: a re-ask without stream_options reuses the target of
         # ``number`` but is a call of its own.
         self._seq += 1
         return audit.AttemptRecord(number=self._seq - 1, upstream_id=target.upstream_id, upstream_model=target.model,
                                    outcome=outcome, duration_ms=(time.monotonic() - started) * 1000, **kwargs)
+
+    @functools.cached_property
+    def _secrets(self) -> frozenset[str]:
+        """Every credential and extra header value of the plan's upstreams."""
+        return frozenset().union(*(secrets_of(t) for t in self.req.plan.targets))
+
+    def _scrub(self, decision: Decision) -> Decision:
+        """``decision`` with upstream credentials redacted from every text that reaches the client or
+        the audit (some upstreams echo the key they were sent in their error messages)."""
+        if not decision.findings and decision.error is None:
+            return decision
+        secrets = self._secrets
+        findings = tuple(dataclasses.replace(f, detail=redact(f.detail, secrets), fragment=redact(f.fragment, secrets))
+                         for f in decision.findings)
+        error = decision.error
+        if error is not None:
+            error = dataclasses.replace(error, message=redact(error.message, secrets))
+        return dataclasses.replace(decision, findings=findings, reason=redact(decision.reason, secrets), error=error)
 
     async def _backoff(self, attempt: int, error: UpstreamError | None) -> None:
         """Wait before retry ``attempt`` + 1: Retry-After within a bound, jittered exponential for 429/5xx,
@@ -462,15 +486,20 @@ class Relay:
                                                            (b"cache-control", b"no-cache"),
                                                            (b"x-accel-buffering", b"no")]))
             self.committed, self.status = True, 200
-            tail, size, send = b"", 0, self.responder.send
+            # The last chunks covering _TAIL_BYTES, joined once at the end (not an 8 KB copy per chunk).
+            recent: deque[bytes] = deque()
+            kept, size, send = 0, 0, self.responder.send
             async for chunk in response.chunks():
                 await send(chunk)
                 if self.ttft is None:
                     self.ttft = time.monotonic() - self.started
                 size += len(chunk)
-                tail = (tail + chunk)[-_TAIL_BYTES:]
+                recent.append(chunk)
+                kept += len(chunk)
+                while kept - len(recent[0]) >= _TAIL_BYTES:
+                    kept -= len(recent.popleft())
             await self._send(b"", more=False)
-        prompt, completion = _usage_tokens(usage_from_tail(tail))
+        prompt, completion = _usage_tokens(usage_from_tail(b"".join(recent)[-_TAIL_BYTES:]))
         self.outcome = "clean"
         self.pending.append(self._attempt_record(number, target, "clean", started, upstream_status=200,
                                                  bytes_received=size, prompt_tokens=prompt,
@@ -489,7 +518,7 @@ class Relay:
 
     async def _http_failure(self, number: int, target: UpstreamTarget, started: float, response: Any) -> Decision:
         body = await response.read_capped()
-        decision = http_error_decision(response.status, body, response.headers)
+        decision = self._scrub(http_error_decision(response.status, body, response.headers))
         self.pending.append(self._attempt_record(number, target, "upstream-error", started,
                                                  upstream_status=response.status, findings=decision.findings,
                                                  abort_reason=decision.reason, body=body))
@@ -502,6 +531,14 @@ class Relay:
     async def _fail_before_commit(self, decision: Decision) -> None:
         """Nothing was sent: an HTTP error with ``x-should-retry: false`` (we already retried)."""
         error = decision.error
+        if error is not None and error.status in _UPSTREAM_AUTH_STATUSES:
+            # Not the client's key: the upstream refused toolrelay's credential. A 401 here would send
+            # the user after the wrong key (and make some clients retry).
+            self.outcome = "upstream-error"
+            await self.send_error(502, f"the upstream refused toolrelay's credential (HTTP {error.status}): "
+                                  f"{error.message}; an operator must fix the upstream's credential",
+                                  type="upstream_error", code="upstream_auth_failed", should_retry=False)
+            return
         if error is not None and not error.retryable:
             self.outcome = "upstream-error"
             await self.send_error(error.status, f"upstream error: {error.message}", type=error.type, code=error.code,
@@ -573,7 +610,7 @@ class Relay:
         final = guard.finish()
         await self._handle([e for e in final if not isinstance(e, Done)], live, held)
         done = next((e for e in final if isinstance(e, Done)), None)
-        decision = done.decision if done is not None else Decision(Outcome.RETRY, None, reason="no decision")
+        decision = Decision(Outcome.RETRY, None, reason="no decision") if done is None else self._scrub(done.decision)
         turn = decision.turn
         prompt, completion = _usage_tokens(turn.usage if turn is not None else None)
         record = self._attempt_record(
@@ -708,7 +745,7 @@ class Relay:
         if self.req.forwards_raw:
             await self._forward_plain(number, target, started, body)
             return None
-        decision = decide_completion(body, self.spec, self.policy)
+        decision = self._scrub(decide_completion(body, self.spec, self.policy))
         prompt, completion = _usage_tokens(decision.turn.usage if decision.turn else None)
         self.pending.append(self._attempt_record(number, target, _attempt_outcome(decision), started,
                                                  upstream_status=200, findings=decision.findings,

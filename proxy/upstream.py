@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -39,6 +40,51 @@ class UpstreamUnavailable(Exception):
     """The upstream could not be reached (connect refused, DNS, TLS, connection reset)."""
 
 
+class _IdleWatch:
+    """The idle deadline between body chunks, with one timer per body instead of two per chunk.
+
+    Per chunk the reader only sets ``holding`` and ``expires`` (plain attributes); the timer wakes
+    up at ``expires`` at the earliest, re-arms itself while chunks keep coming or while the relay holds
+    one, and otherwise cancels the reading task, which ``timed_out()`` tells apart from a client
+    disconnect (the same bookkeeping as ``asyncio.timeout``). Rescheduling an ``asyncio.timeout`` per
+    chunk cost ~7 us per chunk here (a cancelled and a new timer handle each time).
+    """
+
+    __slots__ = ("_loop", "_task", "_idle", "_cancelling", "_handle", "_fired", "expires", "holding")
+
+    def __init__(self, idle: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "chunks() is iterated inside a task"
+        self._task = task
+        self._idle = idle
+        self._cancelling = task.cancelling()
+        self._fired = False
+        self.holding = False
+        self.expires = self._loop.time() + idle
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self.expires, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self.holding:
+            self._handle = self._loop.call_at(now + self._idle, self._check)
+        elif now < self.expires:
+            self._handle = self._loop.call_at(self.expires, self._check)
+        else:
+            self._handle = None
+            self._fired = True
+            self._task.cancel()
+
+    def timed_out(self) -> bool:
+        """True when the cancellation being handled is this deadline's own (then it is consumed)."""
+        return self._fired and self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 @dataclass(slots=True)
 class UpstreamResponse:
     """An open upstream response: ``status``, ``headers`` and an async iterator of raw body chunks."""
@@ -56,18 +102,23 @@ class UpstreamResponse:
         """
         iterator = self._response.aiter_raw()
         loop = asyncio.get_running_loop()
+        watch = _IdleWatch(self._idle)
         try:
-            async with asyncio.timeout_at(loop.time() + self._idle) as deadline:
-                async for chunk in iterator:
-                    # No deadline while the consumer holds the chunk: a timeout must only ever
-                    # interrupt the upstream read, never the relay's own work between reads.
-                    deadline.reschedule(None)
-                    yield chunk
-                    deadline.reschedule(loop.time() + self._idle)
-        except TimeoutError:
-            raise UpstreamTimeout("data", self._idle) from None
+            async for chunk in iterator:
+                # No deadline while the consumer holds the chunk: a timeout must only ever
+                # interrupt the upstream read, never the relay's own work between reads.
+                watch.holding = True
+                yield chunk
+                watch.holding = False
+                watch.expires = loop.time() + self._idle
+        except asyncio.CancelledError:
+            if watch.timed_out():
+                raise UpstreamTimeout("data", self._idle) from None
+            raise
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(f"the upstream connection broke: {type(exc).__name__}") from exc
+        finally:
+            watch.close()
 
     async def read_capped(self, cap: int = ERROR_BODY_CAP) -> bytes:
         """Up to ``cap`` bytes of the body (for error answers)."""
@@ -89,6 +140,26 @@ def _decrypted(token: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _decrypted_headers(token: str) -> tuple[tuple[str, str], ...]:
     return tuple(json.loads(crypto.decrypt(token)).items()) if token else ()
+
+
+#: Bearer tokens in upstream texts (some providers echo the key they were sent in auth errors).
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
+REDACTED = "[redacted]"
+
+
+def secrets_of(target: UpstreamTarget) -> frozenset[str]:
+    """The target's credential and extra header values (decrypted), the strings that must never leave."""
+    headers = _decrypted_headers(target.extra_headers_encrypted)
+    values = [_decrypted(target.credential_encrypted), *(value for _, value in headers)]
+    return frozenset(v for v in values if len(v) >= 4)
+
+
+def redact(text: str, secrets: frozenset[str]) -> str:
+    """``text`` with every secret and any ``Bearer <token>`` replaced by ``[redacted]``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return _BEARER.sub(lambda m: m.group(1) + REDACTED, text) if "earer" in text else text
 
 
 def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:

@@ -42,6 +42,7 @@ CALL = chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
 FINISH_CALLS = chunk({}, "tool_calls")
 FINISH_STOP = chunk({}, "stop")
 DONE = b"data: [DONE]\n\n"
+SECRET = "sk-relay-upstream-secret-0001"
 BROKEN = b"data: {not json\n\n"
 
 
@@ -120,7 +121,7 @@ def upstream(*attempts: Script | httpx.Response, seen: list[dict[str, Any]] | No
 
 @pytest.fixture
 def make_request() -> Callable[..., RelayRequest]:
-    done = provision(tenant_name="relay-tests", upstream_url="http://upstream.test/v1", upstream_key="sk-x")
+    done = provision(tenant_name="relay-tests", upstream_url="http://upstream.test/v1", upstream_key=SECRET)
     snapshot = tenant_for_key(done.raw_key or "")
     assert snapshot is not None
 
@@ -241,3 +242,26 @@ async def test_it_reports_an_error_in_stream_once_the_commit_deadline_committed(
     assert recorder.status == 200
     assert b'"error"' in recorder.body and b"context length exceeded" in recorder.body
     assert recorder.ended
+
+
+async def test_it_never_relays_or_records_an_upstream_credential_echoed_back(make_request: Any) -> None:
+    from audit.models import Attempt, Finding
+
+    echo = {"error": {"message": f"Incorrect API key provided: Bearer {SECRET}", "type": "invalid_request_error",
+                      "code": "invalid_api_key"}}
+    refused = httpx.Response(401, headers={"content-type": "application/json"},
+                             stream=httpx.ByteStream(json.dumps(echo).encode()))
+    request = make_request()
+    recorder = await run(request, upstream(refused))
+    assert recorder.status == 502, "the upstream refused toolrelay's credential, not the client's key"
+    assert b"upstream_auth_failed" in recorder.body
+    assert SECRET.encode() not in recorder.body and b"[redacted]" in recorder.body
+
+    def stored() -> str:
+        rows = [*Attempt.objects.filter(request_id=request.id).values_list("abort_reason", flat=True),
+                *Finding.objects.filter(request_id=request.id).values_list("detail", "fragment"),
+                *ProxyRequest.objects.filter(id=request.id).values_list("error", flat=True)]
+        return json.dumps(rows)
+
+    text = await sync_to_async(stored)()
+    assert "Incorrect API key" in text and SECRET not in text
