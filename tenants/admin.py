@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 from django import forms
 from django.conf import settings
@@ -361,6 +362,21 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
         model = Upstream
         fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout")
 
+    def clean(self) -> dict[str, Any]:
+        """Stored secrets stay bound to the host they were entered for: moving the upstream to another
+        scheme, host or port requires entering (or removing) them again, so nobody who can edit an
+        upstream can send its credential elsewhere."""
+        data: dict[str, Any] = super().clean() or {}
+        instance = self.instance
+        url = data.get("base_url")
+        if instance.pk is None or not url or _origin(url) == _origin(instance.base_url):
+            return data
+        if instance.credential_encrypted and not (data.get("new_credential") or data.get("clear_credential")):
+            self.add_error("new_credential", "The host changed: enter the credential again, or remove it.")
+        if instance.extra_headers_encrypted and not (data.get("new_extra_headers") or data.get("clear_extra_headers")):
+            self.add_error("new_extra_headers", "The host changed: enter the extra headers again, or remove them.")
+        return data
+
     def clean_new_extra_headers(self) -> dict[str, str] | None:
         raw = self.cleaned_data.get("new_extra_headers", "").strip()
         if not raw:
@@ -372,6 +388,16 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ValidationError("Expected a JSON object mapping header names to string values.")
         return value
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, lowercased; default ports made explicit."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 SECRET_FORM_FIELDS = ("new_credential", "clear_credential", "new_extra_headers", "clear_extra_headers")

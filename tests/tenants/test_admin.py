@@ -65,6 +65,24 @@ def test_it_keeps_a_credential_written_through_the_admin_out_of_every_page(login
     assert "sk-…81c4" in _html(client, change)
 
 
+def test_it_asks_for_the_secrets_again_when_the_upstream_moves_to_another_host(login: Login, admin_a: User,
+                                                                                world_a: TenantWorld) -> None:
+    """Stored secrets are bound to their host: a new host with blank secret fields is refused, so an
+    upstream's editor cannot send its credential elsewhere; re-entering them is accepted."""
+    client = login(admin_a)
+    change = _url("upstream", "change", world_a.upstream.pk)
+    moved = {**_upstream_form(world_a), "base_url": "https://attacker.example/v1"}
+    refused = client.post(change, moved)
+    assert refused.status_code == 200 and "The host changed" in refused.content.decode()
+    assert Upstream.objects.get(pk=world_a.upstream.pk).base_url == world_a.upstream.base_url
+    client.post(change, {**moved, "new_credential": "sk-new-host-1234", "clear_extra_headers": "on"})
+    saved = Upstream.objects.get(pk=world_a.upstream.pk)
+    assert saved.base_url == "https://attacker.example/v1" and saved.credential() == "sk-new-host-1234"
+    same_host = {**_upstream_form(world_a), "base_url": "https://attacker.example/v2", "idle_timeout": "31"}
+    client.post(change, same_host)
+    assert Upstream.objects.get(pk=world_a.upstream.pk).idle_timeout == 31, "a new path on the same host is fine"
+
+
 def test_it_keeps_the_stored_secrets_when_the_fields_are_blank(login: Login, admin_a: User,
                                                                world_a: TenantWorld) -> None:
     """Blank write-only fields keep credential and headers; the clear boxes remove them."""
