@@ -508,13 +508,17 @@ class Relay:
 
     async def _end_broken_pass_through(self, number: int, target: UpstreamTarget, started: float,
                                        exc: Exception) -> None:
-        """The upstream failed after bytes were forwarded: end the response; nothing can be retried."""
+        """The upstream failed after bytes were forwarded: nothing can be retried, so end the stream with
+        the protocol's in-stream error (PROTOCOLS.md 1.6), never a silently truncated success. The
+        leading blank lines end any event the upstream left half-sent."""
         self.outcome, self.error = "upstream-error", str(exc)
-        finding = failure_decision(exc).findings
+        decision = failure_decision(exc)
         self.pending.append(self._attempt_record(number, target, "upstream-error", started, upstream_status=200,
-                                                 abort_reason=str(exc), findings=finding))
-        if not self.finished:
-            await self._send(b"", more=False)
+                                                 abort_reason=str(exc), findings=decision.findings))
+        if not self.finished and decision.error is not None:
+            message = f"the upstream stream broke off: {exc} (request id: {self.req.id})"
+            error = dataclasses.replace(decision.error, message=message)
+            await self._send(b"\n\n" + self.emitter.close_error(error), more=False)
 
     async def _http_failure(self, number: int, target: UpstreamTarget, started: float, response: Any) -> Decision:
         body = await response.read_capped()

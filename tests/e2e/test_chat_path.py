@@ -4,6 +4,7 @@ tenant isolation, key revocation and error shapes."""
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 import time
 import uuid
@@ -254,3 +255,23 @@ def test_it_sends_retries_to_the_routes_fallback_upstreams(make_tenant: Any, sim
     assert second["body"]["model"] == "gen:calls=1:corrupt=0"
     assert second["authorization_sha256"] == hashlib.sha256(b"sk-backup").hexdigest()[:16]
     assert first["body"]["max_tokens"] == 100, "the route caps the client's output tokens"
+
+
+@pytest.mark.parametrize("scenario", ["drop-after=3", "stall-after=3:ms=3000"])
+def test_it_ends_a_broken_pass_through_stream_with_an_error_the_client_raises(scenario: str, make_tenant: Any,
+                                                                              django_db_blocker: Any,
+                                                                              audit_rows: Any) -> None:
+    tenant = make_tenant()
+    with django_db_blocker.unblock():
+        tenant.upstream.idle_timeout = 0.5
+        tenant.upstream.save()
+    time.sleep(1.2)
+    messages, _ = _marker_messages()
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0) as client:
+        stream = client.chat.completions.create(model=f"gen:frames=20:{scenario}", messages=messages, stream=True)
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+    assert "broke off" in str(caught.value)
+    request_id = re.search(r"request id: ([0-9a-f-]{36})", str(caught.value)).group(1)  # type: ignore[union-attr]
+    assert audit_rows(request_id).outcome == "upstream-error"
