@@ -43,7 +43,14 @@ from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import Exhaustion, FragmentStorage, GuardPolicy
 from proxy.guard.turn import Decision, Outcome, RequestSpec, Turn, UpstreamError
-from proxy.upstream import UpstreamClient, UpstreamTimeout, UpstreamUnavailable, redact, secrets_of
+from proxy.upstream import (
+    UpstreamClient,
+    UpstreamMisconfigured,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    redact,
+    secrets_of,
+)
 from tenants.selectors import RoutePlan, TenantSnapshot, UpstreamTarget
 
 logger = logging.getLogger(__name__)
@@ -213,6 +220,11 @@ def _finding(kind: FindingKind, detail: str) -> Finding:
 
 def failure_decision(exc: Exception) -> Decision:
     """A retryable decision for a connection failure or a timeout."""
+    if isinstance(exc, UpstreamMisconfigured):
+        error = UpstreamError(status=502, message=str(exc), type="upstream_misconfigured", retryable=False)
+        kind = FindingKind.UPSTREAM_CONNECTION_ERROR
+        finding = Finding(kind=kind, severity=Severity.ERROR, action=Action.ERROR, detail=str(exc))
+        return Decision(Outcome.UPSTREAM_ERROR, None, (finding,), reason=str(exc), error=error)
     if isinstance(exc, UpstreamTimeout):
         error = UpstreamError(status=504, message=str(exc), type="upstream_timeout")
         kind = FindingKind.UPSTREAM_TIMEOUT

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from django.conf import settings
 
 from tenants import crypto
 from tenants.selectors import UpstreamTarget
+
+logger = logging.getLogger(__name__)
 
 USER_AGENT = "toolrelay/0.1"
 #: Bytes of a non-200 upstream body kept for the error message and classification.
@@ -38,6 +41,11 @@ class UpstreamTimeout(Exception):
 
 class UpstreamUnavailable(Exception):
     """The upstream could not be reached (connect refused, DNS, TLS, connection reset)."""
+
+
+class UpstreamMisconfigured(UpstreamUnavailable):
+    """The upstream cannot be called as configured (its stored credential does not decrypt): retrying
+    cannot help; an operator must fix it."""
 
 
 class _IdleWatch:
@@ -149,8 +157,11 @@ REDACTED = "[redacted]"
 
 def secrets_of(target: UpstreamTarget) -> frozenset[str]:
     """The target's credential and extra header values (decrypted), the strings that must never leave."""
-    headers = _decrypted_headers(target.extra_headers_encrypted)
-    values = [_decrypted(target.credential_encrypted), *(value for _, value in headers)]
+    try:
+        headers = _decrypted_headers(target.extra_headers_encrypted)
+        values = [_decrypted(target.credential_encrypted), *(value for _, value in headers)]
+    except crypto.CredentialError:
+        return frozenset()  # never sent either: the call fails before any request (UpstreamMisconfigured)
     return frozenset(v for v in values if len(v) >= 4)
 
 
@@ -190,9 +201,15 @@ class UpstreamClient:
         The response is closed when the context exits, also on cancellation (client disconnect).
         Raises ``UpstreamTimeout`` (first byte) and ``UpstreamUnavailable`` (connect errors).
         """
+        try:
+            headers = request_headers(target, stream=stream)
+        except crypto.CredentialError:
+            logger.warning("upstream %s (id %s): stored secrets do not decrypt with CREDENTIAL_KEYS",
+                           target.name, target.upstream_id)
+            raise UpstreamMisconfigured(f"the stored credential of upstream {target.name!r} cannot be decrypted "
+                                        "with the configured CREDENTIAL_KEYS; an operator must re-enter it") from None
         request = self._client.build_request(
-            "POST", f"{target.base_url}/chat/completions", content=body,
-            headers=request_headers(target, stream=stream),
+            "POST", f"{target.base_url}/chat/completions", content=body, headers=headers,
             extensions={"timeout": {"connect": target.connect_timeout, "read": None, "write": 30.0, "pool": 30.0}},
         )
         try:

@@ -265,3 +265,15 @@ async def test_it_never_relays_or_records_an_upstream_credential_echoed_back(mak
 
     text = await sync_to_async(stored)()
     assert "Incorrect API key" in text and SECRET not in text
+
+
+async def test_it_answers_a_clear_502_when_the_stored_credential_does_not_decrypt(make_request: Any) -> None:
+    seen: list[dict[str, Any]] = []
+    request = make_request()
+    broken = dataclasses.replace(request.plan.targets[0], credential_encrypted="not-a-fernet-token")
+    request.plan = dataclasses.replace(request.plan, targets=(broken,))
+    recorder = await run(request, upstream([(0, DONE)], seen=seen))
+    assert recorder.status == 502
+    assert b"cannot be decrypted" in recorder.body and b"upstream_misconfigured" in recorder.body
+    assert recorder.headers[b"x-should-retry"] == b"false"
+    assert seen == [], "nothing was sent upstream, and there was no retry"
