@@ -4,8 +4,8 @@ tenant isolation, key revocation and error shapes."""
 from __future__ import annotations
 
 import hashlib
-import re
 import json
+import re
 import time
 import uuid
 from pathlib import Path
