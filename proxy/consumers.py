@@ -25,7 +25,7 @@ from django.conf import settings
 from proxy.guard.emit_openai import OpenAIChatEmitter
 from proxy.relay import Relay, RelayRequest
 from proxy.upstream import get_client
-from tenants.selectors import TenantSnapshot, tenant_for_key
+from tenants.selectors import TenantSnapshot, cached_tenant_for_key, tenant_for_key
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,9 @@ class ProxyConsumer(AsyncConsumer):
     async def authenticate(self) -> TenantSnapshot:
         """The caller's tenant; ``RequestError`` 401 for a bad key, 403 for a disabled tenant."""
         raw = api_key_from(self.scope)
-        snapshot = await database_sync_to_async(tenant_for_key)(raw) if raw else None
+        found, snapshot = cached_tenant_for_key(raw) if raw else (True, None)
+        if not found:
+            snapshot = await database_sync_to_async(tenant_for_key)(raw)
         if snapshot is None:
             raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
         if not snapshot.active:
@@ -162,6 +164,8 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests too deeply") from None
     if not isinstance(data, dict):
         raise RequestError(400, "the request body must be a JSON object")
     return data

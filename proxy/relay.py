@@ -209,9 +209,9 @@ def usage_from_tail(tail: bytes) -> dict[str, Any] | None:
 
 def exhaustion_message(req: RelayRequest, attempts: int, reason: str) -> str:
     """The text of the terminal assistant message sent when retries run out (agents do not retry it)."""
+    tools = " No tool was run." if req.guarded else ""
     return (f"[toolrelay] The upstream model could not produce a valid answer: {attempts} attempt(s) failed "
-            f"(last problem: {reason}). No tool was run. Please try again or rephrase. "
-            f"Request id: {req.id}.")
+            f"(last problem: {reason}).{tools} Please try again or rephrase. Request id: {req.id}.")
 
 
 def _finding(kind: FindingKind, detail: str) -> Finding:
@@ -712,7 +712,10 @@ class Relay:
             failure = UpstreamError(502, message, "upstream_error", code="upstream_failed")
             await self._send(self.emitter.close_error(failure), more=False)
         else:
-            await self._send(self.emitter.close_exhausted(exhaustion_message(self.req, attempts, reason)), more=False)
+            # Set apart from text the client already has from an earlier attempt.
+            separator = "\n\n" if any(self.text_sent.values()) else ""
+            message = separator + exhaustion_message(self.req, attempts, reason)
+            await self._send(self.emitter.close_exhausted(message), more=False)
 
     # ----- non-stream -----
 

@@ -100,8 +100,9 @@ class TenantSnapshot:
         return None
 
     def model_names(self) -> list[str]:
-        """Public model names this tenant routes (exact names; globs are listed as they are)."""
-        return sorted(r.public_name for r in self.routes)
+        """Public model names this tenant routes by exact name (a glob such as ``claude-*`` is no model id;
+        names served only by the default upstream are not known here)."""
+        return sorted(r.public_name for r in self.routes if not r.is_glob)
 
 
 def _glob(model: str, pattern: str) -> bool:
@@ -185,6 +186,18 @@ class _KeyCache:
 
 
 key_cache = _KeyCache()
+
+
+def cached_tenant_for_key(raw: str) -> tuple[bool, TenantSnapshot | None]:
+    """``(True, snapshot_or_None)`` when ``raw`` is answered without the database (malformed, or in the
+    cache), else ``(False, None)``: then call :func:`tenant_for_key` from a thread.
+
+    Safe on the event loop (no ORM): the proxy consumers use it so that a cached key costs no thread
+    hop and never waits behind the audit writes that share Channels' database thread.
+    """
+    if parse_api_key(raw) is None:
+        return True, None
+    return key_cache.get(ApiKey.compute_digest(raw))
 
 
 def tenant_for_key(raw: str) -> TenantSnapshot | None:

@@ -114,9 +114,13 @@ class SSEDecoder:
             end = m.start()
             if end < pos:
                 continue  # the LF of a CRLF already consumed
-            self._partial += data[pos:end]
-            self._line(bytes(self._partial), out)
-            self._partial.clear()
+            if self._partial:  # the line began in an earlier chunk
+                self._partial += data[pos:end]
+                line = bytes(self._partial)
+                self._partial.clear()
+            else:  # the usual case: the whole line is in this chunk, one slice
+                line = data[pos:end]
+            self._line(line, out)
             pos = end + 1
             if data[end : end + 1] == b"\r":
                 if end + 1 < len(data):

@@ -275,3 +275,30 @@ def test_it_ends_a_broken_pass_through_stream_with_an_error_the_client_raises(sc
     assert "broke off" in str(caught.value)
     request_id = re.search(r"request id: ([0-9a-f-]{36})", str(caught.value)).group(1)  # type: ignore[union-attr]
     assert audit_rows(request_id).outcome == "upstream-error"
+
+
+def test_it_lists_exact_routes_as_models_in_each_protocols_format(make_tenant: Any, django_db_blocker: Any) -> None:
+    from tenants.services import route_upsert
+
+    tenant = make_tenant()
+    with django_db_blocker.unblock():
+        for name in ("coder", "claude-*"):
+            route_upsert(tenant=tenant.tenant, public_name=name, upstream=tenant.upstream, upstream_model="m")
+    time.sleep(1.2)
+    auth = {"authorization": f"Bearer {tenant.api_key}"}
+    openai_list = httpx.get(f"{tenant.base_url}/models", headers=auth).json()
+    assert [m["id"] for m in openai_list["data"]] == ["coder"] and openai_list["object"] == "list"
+    anthropic_list = httpx.get(f"{tenant.base_url}/models", headers={**auth, "anthropic-version": "2023-06-01"}).json()
+    assert anthropic_list["data"] == [{"type": "model", "id": "coder", "display_name": "coder",
+                                       "created_at": "1970-01-01T00:00:00Z"}]
+    assert (anthropic_list["first_id"], anthropic_list["last_id"], anthropic_list["has_more"]) == ("coder", "coder",
+                                                                                                 False)
+
+
+def test_it_refuses_a_body_that_nests_too_deeply(make_tenant: Any) -> None:
+    tenant = make_tenant()
+    body = b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = httpx.post(f"{tenant.base_url}/chat/completions", content=body,
+                          headers={"authorization": f"Bearer {tenant.api_key}"}, timeout=30)
+    assert response.status_code == 400
+    assert "nests too deeply" in response.json()["error"]["message"]

@@ -226,6 +226,8 @@ async def test_it_answers_exhaustion_in_stream_after_the_commit(make_request: An
     recorder = await run(request, upstream(broken, broken))
     assert recorder.status == 200
     assert "[toolrelay]" in recorder.text()
+    assert recorder.text().startswith("Working on it\n\n[toolrelay]"), "set apart from the streamed text"
+    assert "No tool was run" in recorder.text()
     assert recorder.tool_names() == []
     assert b'"finish_reason":"stop"' in recorder.body
     assert recorder.body.endswith(DONE)

@@ -15,6 +15,7 @@ from tenants.selectors import (
     api_key_authenticate,
     api_key_for_tenant,
     api_keys_for_tenant,
+    cached_tenant_for_key,
     route_for_tenant,
     routes_for_tenant,
     tenant_for_key,
@@ -65,6 +66,18 @@ def test_it_refuses_malformed_and_unknown_keys(world_a: TenantWorld, raw: str) -
     """Anything that is not a known key gives None, never an error."""
     assert api_key_authenticate(raw) is None
     assert tenant_for_key(raw) is None
+
+
+def test_it_answers_from_the_cache_only_what_it_already_knows(world_a: TenantWorld,
+                                                              django_assert_num_queries: Any) -> None:
+    """``cached_tenant_for_key`` never queries: unknown until ``tenant_for_key`` filled the cache, then the
+    same snapshot; a malformed key is answered (None) at once."""
+    with django_assert_num_queries(0):
+        assert cached_tenant_for_key(world_a.raw_key) == (False, None)
+        assert cached_tenant_for_key("sk-not-ours") == (True, None)
+    snapshot = tenant_for_key(world_a.raw_key)
+    with django_assert_num_queries(0):
+        assert cached_tenant_for_key(world_a.raw_key) == (True, snapshot)
 
 
 def test_it_touches_last_used_when_a_key_authenticates(world_a: TenantWorld) -> None:
