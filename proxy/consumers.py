@@ -23,6 +23,7 @@ from channels.exceptions import StopConsumer
 from django.conf import settings
 
 from proxy.guard.emit_openai import OpenAIChatEmitter
+from proxy.guard.validate import tool_declaration_problem
 from proxy.relay import Relay, RelayRequest
 from proxy.upstream import get_client
 from tenants.selectors import TenantSnapshot, cached_tenant_for_key, tenant_for_key
@@ -189,6 +190,14 @@ def validate_chat_request(data: dict[str, Any]) -> None:
     n = data.get("n")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128):
         raise RequestError(400, "`n` must be an integer between 1 and 128", param="n")
+    check_tool_declarations(data)
+
+
+def check_tool_declarations(chat_body: dict[str, Any]) -> None:
+    """``RequestError`` 400 when the declared tools can never be satisfied (see ``tool_declaration_problem``)."""
+    problem = tool_declaration_problem(chat_body)
+    if problem is not None:
+        raise RequestError(400, problem[0], param=problem[1])
 
 
 class ChatCompletionsConsumer(ProxyConsumer):

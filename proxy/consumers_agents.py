@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy.consumers import ProxyConsumer, RequestError, header, parse_json_object
+from proxy.consumers import ProxyConsumer, RequestError, check_tool_declarations, header, parse_json_object
 from proxy.guard.emit import Emitter
 from proxy.guard.emit_anthropic import AnthropicMessagesEmitter
 from proxy.guard.emit_anthropic import error_body as anthropic_error_body
@@ -63,6 +63,7 @@ class _AgentConsumer(ProxyConsumer):
         snapshot = await self.authenticate()
         data = parse_json_object(body)
         translation = translate(type(self).translator, data)
+        check_tool_declarations(translation.body)
         model = translation.body["model"]
         plan = snapshot.resolve(model)
         if plan is None:

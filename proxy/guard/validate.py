@@ -237,3 +237,24 @@ _JSON_TYPES = {list: "array", str: "string", bool: "boolean", int: "number", flo
 def _quote(name: str) -> str:
     """``name`` quoted and capped for a finding sentence."""
     return json.dumps(name[:100])
+
+
+def tool_declaration_problem(body: dict[str, Any]) -> tuple[str, str] | None:
+    """Why a chat.completions request's tool declarations can never be satisfied, as ``(message, param)``,
+    or None. Caught before any upstream call: retrying the upstream cannot fix the client's request.
+
+    Two tools with one name (which schema would a call be checked against?), and a ``tool_choice``
+    that forces an undeclared function or requires a call with no tools declared (OpenAI answers
+    both with 400, PROTOCOLS.md 1.1).
+    """
+    spec = RequestSpec.from_openai(body)
+    seen: set[str] = set()
+    for tool in spec.tools:
+        if tool.name in seen:
+            return f"two tools are named {tool.name!r}", "tools"
+        seen.add(tool.name)
+    if spec.tool_choice not in ("auto", "none", "required") and spec.tool_choice not in seen:
+        return f"tool_choice forces {spec.tool_choice!r}, which is not among the declared tools", "tool_choice"
+    if spec.tool_choice == "required" and not spec.tools:
+        return "tool_choice is 'required' but no tools are declared", "tool_choice"
+    return None

@@ -194,6 +194,9 @@ def test_it_refuses_a_revoked_key_without_restart(make_tenant: Any, django_db_bl
     (b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model"),
     (b'{"model": "m"}', 400, "messages"),
     (b'{"model": "m", "messages": [{"role":"user","content":"x"}], "n": 0}', 400, "n"),
+    (b'{"model": "m", "messages": [{"role":"user","content":"x"}], "tool_choice": "required"}', 400, "tool_choice"),
+    (b'{"model": "m", "messages": [{"role":"user","content":"x"}], "tools": [{"type": "function", "function":'
+     b' {"name": "x"}}, {"type": "function", "function": {"name": "x"}}]}', 400, "tools"),
 ])
 def test_it_rejects_malformed_requests_in_openai_format(body: bytes, status: int, param: str | None,
                                                         make_tenant: Any) -> None:
