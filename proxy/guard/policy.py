@@ -19,6 +19,9 @@ class Repair(enum.StrEnum):
     DOUBLE_ENCODED = "double-encoded"  # schema-guided unwrapping of JSON-in-a-string (C20)
     NAME_PREFIX = "name-prefix"  # "functions." / "default_api." template prefixes (C46)
     LEAKED_MARKUP = "leaked-markup"  # tool calls leaked into text as model markup (C26-C31)
+    # parallel_tool_calls false but the upstream sent several calls: keep the first (the one a named
+    # tool_choice forces, if any); the client asks for the next step on its next turn.
+    EXTRA_PARALLEL_CALLS = "extra-parallel-calls"
 
 
 DETERMINISTIC_REPAIRS: frozenset[Repair] = frozenset(Repair)

@@ -58,6 +58,7 @@ REPAIR_KINDS: dict[Repair, FindingKind] = {
     Repair.DOUBLE_ENCODED: FindingKind.NESTED_VALUES_DOUBLE_ENCODED,
     Repair.NAME_PREFIX: FindingKind.UNDECLARED_OR_PREFIXED_TOOL_NAME,
     Repair.LEAKED_MARKUP: FindingKind.LEAKED_MARKUP_UNPARSEABLE,
+    Repair.EXTRA_PARALLEL_CALLS: FindingKind.PARALLEL_TOOL_CALLS_VIOLATION,
 }
 
 #: A leading Markdown fence (```` ``` ````, ```` ```json ````) or the bare ``json`` tag a split fence

@@ -64,7 +64,8 @@ class _Checker:
 
     def choice(self, choice: ChoiceTurn) -> ChoiceTurn:
         """The choice with every call checked, plus its ``tool_choice`` / parallel findings."""
-        calls = [self.call(call, choice, slot) for slot, call in enumerate(choice.tool_calls)]
+        tool_calls = self.one_call_only(choice)
+        calls = [self.call(call, choice, slot) for slot, call in enumerate(tool_calls)]
         self.tool_choice(choice.index, calls)
         return replace(choice, tool_calls=calls)
 
@@ -88,6 +89,19 @@ class _Checker:
         if value is None:
             return call
         return ToolCall(call.id, name, serialise_arguments(value), dict(call.extra))
+
+    def one_call_only(self, choice: ChoiceTurn) -> list[ToolCall]:
+        """With ``parallel_tool_calls: false`` and the repair allowed, only the first call (or the first
+        one a named ``tool_choice`` forces); otherwise every call (a violation is found later)."""
+        calls = choice.tool_calls
+        if self.request.parallel_tool_calls or len(calls) < 2 or not self.policy.allows(Repair.EXTRA_PARALLEL_CALLS):
+            return calls
+        forced = self.request.tool_choice
+        names = [resolve_name(c.name, self.request.names, self.policy) for c in calls]
+        keep = names.index(forced) if forced in names else 0
+        self.repaired(Repair.EXTRA_PARALLEL_CALLS, f"parallel_tool_calls false: kept call {keep + 1} of {len(calls)}",
+                      choice.index, 1 if keep == 0 else 0)
+        return [calls[keep]]
 
     def blank(self, choice: int, slot: int) -> str:
         """Empty arguments mean no arguments (C19; normally the accumulator's job)."""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
-from proxy.guard.policy import GuardPolicy
+from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, ToolSpec, Turn
 from proxy.guard.validate import check_turn
 
@@ -253,13 +253,27 @@ def test_it_enforces_a_named_tool_choice_after_name_repair() -> None:
 
 
 def test_it_enforces_parallel_tool_calls_false() -> None:
-    """``parallel_tool_calls: false``: two calls in one choice is a violation at slot 1."""
+    """``parallel_tool_calls: false`` without the repair: two calls in one choice is a violation at slot 1."""
     request = RequestSpec(tools=REQUEST.tools, parallel_tool_calls=False)
     two = turn_of(call("list_files", "{}"), call("list_files", "{}", "call_2"))
-    _, findings = check(two, request)
+    no_repair = GuardPolicy(repairs=POLICY.repairs - {Repair.EXTRA_PARALLEL_CALLS})
+    _, findings = check(two, request, no_repair)
     assert kinds(findings) == [(FindingKind.PARALLEL_TOOL_CALLS_VIOLATION, Action.RETRY)]
     assert (findings[0].choice, findings[0].slot) == (0, 1)
     assert check(turn_of(call("list_files", "{}")), request)[1] == []
+
+
+def test_it_keeps_one_call_when_parallel_calls_are_off() -> None:
+    """With the repair (default), the first call stays, or the one a named tool_choice forces."""
+    request = RequestSpec(tools=REQUEST.tools, parallel_tool_calls=False)
+    two = turn_of(call("list_files", "{}"), call("get_weather", '{"city":"Paris"}', "call_2"))
+    out, findings = check(two, request)
+    assert [c.name for c in out.choices[0].tool_calls] == ["list_files"]
+    assert kinds(findings) == [(FindingKind.PARALLEL_TOOL_CALLS_VIOLATION, Action.REPAIRED)]
+    forced = RequestSpec(tools=REQUEST.tools, parallel_tool_calls=False, tool_choice="get_weather")
+    out, findings = check(two, forced)
+    assert [c.name for c in out.choices[0].tool_calls] == ["get_weather"]
+    assert not any(f.fatal for f in findings)
 
 
 def test_it_checks_every_choice_of_n_greater_than_one() -> None:
