@@ -54,6 +54,10 @@ RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 
+#: When set, ``GET /metrics`` requires ``Authorization: Bearer <METRICS_TOKEN>`` (it shows tenant
+#: slugs and traffic); unset, keep /metrics off the public listener at the reverse proxy.
+METRICS_TOKEN = envstr("METRICS_TOKEN")
+
 REDIS_URL = envstr("REDIS_URL")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 # With no broker, tasks run in process (eagerly); see docs/deployment.md.

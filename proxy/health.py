@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
+
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
@@ -26,8 +29,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus exposition of the proxy metrics (``proxy.metrics``)."""
+    """Prometheus exposition of the proxy metrics (``proxy.metrics``); 401 without the bearer
+    ``METRICS_TOKEN`` when one is configured."""
     from proxy.metrics import render
 
+    token = settings.METRICS_TOKEN
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if token and not hmac.compare_digest(given.encode(), token.encode()):
+        return HttpResponse("metrics need the bearer METRICS_TOKEN\n", status=401, content_type="text/plain")
     body, content_type = render()
     return HttpResponse(body, content_type=content_type)
