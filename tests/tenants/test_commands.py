@@ -88,6 +88,14 @@ def test_it_creates_lists_and_revokes_keys(world_a: TenantWorld) -> None:
     assert "revoked" in _run("apikey", "list", "--tenant", "Tenant A")
 
 
+@pytest.mark.parametrize("form", ["{p}", "tr-{p}", "tr-{p}-", "tr-{p}-…"])
+def test_it_revokes_a_key_by_any_form_of_its_prefix(form: str, world_a: TenantWorld) -> None:
+    """``revoke`` takes the prefix as ``list`` shows it, or as a user copies it."""
+    key = world_a.api_key
+    _run("apikey", "revoke", "--tenant", "Tenant A", form.format(p=key.prefix))
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
+
+
 def test_it_creates_keys_with_an_expiry_and_as_json(world_a: TenantWorld) -> None:
     """``--expires-days`` sets the expiry; ``--json`` prints the provision-style object."""
     payload = json.loads(_run("apikey", "create", "--tenant", "Tenant A", "--expires-days", "7", "--json"))

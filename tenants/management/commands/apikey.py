@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from tenants.management.commands._common import base_url, client_urls, tenant_named
-from tenants.models import ApiKey, Tenant
+from tenants.models import API_KEY_PREFIX, ApiKey, Tenant
 from tenants.selectors import NotFound, api_key_for_tenant, api_keys_for_tenant, parse_api_key
 from tenants.services import api_key_create, api_key_revoke
 
@@ -26,7 +26,8 @@ def find_key(tenant: Tenant, ref: str) -> ApiKey:
             return api_key_for_tenant(tenant, ref)
         except NotFound:
             pass
-    prefix = parse_api_key(ref) or ref  # a full key or its shown form "tr-<prefix>-…" carry the prefix
+    # A full key or its shown form "tr-<prefix>-…" carry the prefix; so do "tr-<prefix>" and "tr-<prefix>-".
+    prefix = parse_api_key(ref) or ref.removeprefix(f"{API_KEY_PREFIX}-").rstrip("-…")
     key = api_keys_for_tenant(tenant).filter(prefix=prefix).first()
     if key is None:
         raise CommandError(f"tenant {tenant.name!r} has no API key {ref!r}")
