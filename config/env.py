@@ -15,6 +15,23 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+#: Where `make run` keeps the secrets it generated for a checkout.
+DEV_SECRETS = Path(__file__).resolve().parent.parent / "var" / "secrets.env"
+
+
+def load_dev_secrets(path: Path = DEV_SECRETS) -> None:
+    """Take variables the environment lacks from ``var/secrets.env`` (written by `make run`), so every
+    entry point of a checkout (manage.py, Daphne via config.asgi, Celery) uses the same SECRET_KEY and
+    CREDENTIAL_KEYS: a key made with `manage.py apikey create` then works against the running demo.
+    The environment always wins; deployments set it and have no such file. Settings never read it."""
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() and not name.lstrip().startswith("#"):
+            os.environ.setdefault(name.strip(), value.strip())
+
+
 def envstr(name: str, default: str = "") -> str:
     """Return the variable ``name`` (or the contents of ``NAME_FILE``), else ``default``."""
     path = os.environ.get(f"{name}_FILE")

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The demo behind `make run`: migrate, first-run setup, the simulated upstream (unless UPSTREAM_URL is
-# set), then Daphne on 127.0.0.1:8000. Expects the environment `make run` exports (var/secrets.env).
+# set), then Daphne on 127.0.0.1:$PORT (default 8000). Expects the environment `make run` exports
+# (var/secrets.env).
 # Ctrl-C or SIGTERM stops Daphne and the simulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
+PORT=${PORT:-8000}
 SIMULATOR_PORT=${SIMULATOR_PORT:-8001}
-export SIMULATOR_PORT
+SITE_URL=${SITE_URL:-http://127.0.0.1:$PORT}
+export SIMULATOR_PORT SITE_URL
 children=()
 
 cleanup() {
@@ -27,12 +30,15 @@ trap 'exit 143' TERM
 
 if [[ -z "${UPSTREAM_URL:-}" ]]; then
   echo "Starting the simulated upstream on http://127.0.0.1:${SIMULATOR_PORT}/v1 (20% of tool calls corrupted)."
-  "$PY" manage.py simulate_upstream --port "$SIMULATOR_PORT" --corruption-rate 0.2 &
+  # Every fault kind but the one that is a genuine client error (context length, C43): the demo
+  # shows broken tool calls being repaired or retried, not errors passed on to the client.
+  kinds=$("$PY" -c 'from proxy.simulator import FAULTS; print(",".join(k for k in FAULTS if k != "nonstandard-sse-error-field"))')
+  "$PY" manage.py simulate_upstream --port "$SIMULATOR_PORT" --corruption-rate 0.2 --kinds "$kinds" &
   children+=("$!")
 fi
 
-echo "Serving toolrelay on http://127.0.0.1:8000 (Ctrl-C to stop)."
-.venv/bin/daphne -b 127.0.0.1 -p 8000 config.asgi:application &
+echo "Serving toolrelay on http://127.0.0.1:${PORT} (Ctrl-C to stop)."
+.venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application &
 daphne_pid=$!
 children+=("$daphne_pid")
 wait "$daphne_pid"
