@@ -761,8 +761,9 @@ class Relay:
             if response.status != 200:
                 return await self._http_failure(number, target, started, response)
             body = await response.read_capped(_NON_STREAM_CAP)
+            content_type = response.headers.get("content-type", "application/json")
         if self.req.forwards_raw:
-            await self._forward_plain(number, target, started, body)
+            await self._forward_plain(number, target, started, body, content_type)
             return None
         decision = self._scrub(decide_completion(body, self.spec, self.policy))
         prompt, completion = _usage_tokens(decision.turn.usage if decision.turn else None)
@@ -773,8 +774,9 @@ class Relay:
                                                  bytes_received=len(body), body=body))
         return decision
 
-    async def _forward_plain(self, number: int, target: UpstreamTarget, started: float, body: bytes) -> None:
-        """A tool-less non-stream answer goes back unchanged."""
+    async def _forward_plain(self, number: int, target: UpstreamTarget, started: float, body: bytes,
+                             content_type: str) -> None:
+        """A tool-less non-stream answer goes back unchanged, with the upstream's content type."""
         try:
             usage = json.loads(body).get("usage")
         except (ValueError, AttributeError):
@@ -784,7 +786,7 @@ class Relay:
                                                  prompt_tokens=prompt, completion_tokens=completion,
                                                  bytes_received=len(body)))
         self.outcome, self.status, self.committed, self.finished = "clean", 200, True, True
-        await self.responder.start(200, self._headers([(b"content-type", b"application/json")]))
+        await self.responder.start(200, self._headers([(b"content-type", content_type.encode("latin-1"))]))
         await self.responder.send(body, more=False)
 
 
