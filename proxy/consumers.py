@@ -83,23 +83,32 @@ class ProxyConsumer(AsyncConsumer):
     methods: tuple[str, ...] = ("POST",)
     protocol = "openai-chat"
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._task: asyncio.Future[None] | None = None
+        self.responder = _Responder(self.send)
+        self.request_id: uuid.UUID | None = None
+
     async def websocket_connect(self, message: dict[str, Any]) -> None:  # pragma: no cover - HTTP only
         raise StopConsumer()
 
     async def http_request(self, message: dict[str, Any]) -> None:
-        if getattr(self, "_task", None) is not None:
+        """Collect the body (Daphne sends it in pieces); start the request task once it is complete."""
+        if self._task is not None:
             return
-        parts: list[bytes] = self.__dict__.setdefault("_parts", [])
-        parts.append(message.get("body", b""))
-        self._size = getattr(self, "_size", 0) + len(parts[-1])
+        self._parts.append(message.get("body", b""))
+        self._size += len(self._parts[-1])
         if self._size > settings.MAX_REQUEST_BYTES:
             self._start(self._reject(RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",
                                                   code="request_too_large")))
         elif not message.get("more_body", False):
-            self._start(self._serve(b"".join(parts)))
+            self._start(self._serve(b"".join(self._parts)))
 
     async def http_disconnect(self, message: dict[str, Any]) -> None:
-        task = getattr(self, "_task", None)
+        """The client left (or the response ended): cancel the request task, which closes the upstream."""
+        task = self._task
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -107,7 +116,6 @@ class ProxyConsumer(AsyncConsumer):
         raise StopConsumer()
 
     def _start(self, coro: Any) -> None:
-        self.responder = _Responder(self.send)
         self._task = asyncio.ensure_future(coro)
 
     async def _serve(self, body: bytes) -> None:
@@ -129,7 +137,7 @@ class ProxyConsumer(AsyncConsumer):
                     await self.responder.send(b"", more=False)
 
     async def _reject(self, exc: RequestError) -> None:
-        request_id = str(getattr(self, "request_id", None) or uuid.uuid4())
+        request_id = str(self.request_id or uuid.uuid4())
         body = self.error_body(exc.status, f"{exc.message} (request id: {request_id})", type=exc.type,
                                param=exc.param, code=exc.code)
         headers = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode()),
