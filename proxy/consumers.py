@@ -24,7 +24,7 @@ from django.conf import settings
 
 from proxy.guard.emit_openai import OpenAIChatEmitter
 from proxy.guard.validate import tool_declaration_problem
-from proxy.relay import Relay, RelayRequest
+from proxy.relay import Relay, RelayRequest, schedule
 from proxy.upstream import get_client
 from tenants.selectors import TenantSnapshot, cached_tenant_for_key, tenant_for_key
 
@@ -56,6 +56,14 @@ class _Responder:
         if not more:
             self.done = True
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
+
+
+async def _refresh_key(raw: str) -> None:
+    """Renew a cached key's snapshot off the request path (refresh ahead, ``tenants.selectors``)."""
+    try:
+        await database_sync_to_async(tenant_for_key)(raw, refresh=True)
+    except Exception:  # the cached answer stays until it expires; the next reader tries again
+        logger.exception("API key refresh failed")
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str:
@@ -161,9 +169,11 @@ class ProxyConsumer(AsyncConsumer):
     async def authenticate(self) -> TenantSnapshot:
         """The caller's tenant; ``RequestError`` 401 for a bad key, 403 for a disabled tenant."""
         raw = api_key_from(self.scope)
-        found, snapshot = cached_tenant_for_key(raw) if raw else (True, None)
+        found, snapshot, refresh = cached_tenant_for_key(raw) if raw else (True, None, False)
         if not found:
             snapshot = await database_sync_to_async(tenant_for_key)(raw)
+        elif refresh:
+            schedule(_refresh_key(raw))
         if snapshot is None:
             raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
         if not snapshot.active:

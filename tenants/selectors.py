@@ -160,11 +160,17 @@ def _snapshot(key: ApiKey) -> TenantSnapshot:
 
 
 class _KeyCache:
-    """A tiny TTL cache of snapshots keyed by the key's digest (the raw key is never kept)."""
+    """A tiny TTL cache of snapshots keyed by the key's digest (the raw key is never kept).
+
+    Refresh ahead: once an entry has lived half its lifetime, the next reader is told (once) to
+    renew it in the background, so a key in steady use never waits for the database, while no entry
+    is ever served past its expiry (the bound on how long a revoked key keeps working is unchanged).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, TenantSnapshot | None]] = {}
+        self._refreshing: set[str] = set()
 
     def get(self, digest: str) -> tuple[bool, TenantSnapshot | None]:
         with self._lock:
@@ -173,6 +179,16 @@ class _KeyCache:
             return False, None
         return True, hit[1]
 
+    def claim_refresh(self, digest: str) -> bool:
+        """True, for one caller, when ``digest``'s live entry is past half its lifetime."""
+        with self._lock:
+            hit = self._entries.get(digest)
+            remaining = hit[0] - time.monotonic() if hit is not None else 0.0
+            if not 0 < remaining <= settings.AUTH_CACHE_SECONDS / 2 or digest in self._refreshing:
+                return False
+            self._refreshing.add(digest)
+            return True
+
     def put(self, digest: str, snapshot: TenantSnapshot | None) -> None:
         expires = time.monotonic() + settings.AUTH_CACHE_SECONDS
         with self._lock:
@@ -180,44 +196,60 @@ class _KeyCache:
                 self._entries.clear()
             self._entries[digest] = (expires, snapshot)
 
+    def release(self, digest: str) -> None:
+        """A refresh of ``digest`` ended (renewed or failed): the next one may be claimed."""
+        with self._lock:
+            self._refreshing.discard(digest)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._refreshing.clear()
 
 
 key_cache = _KeyCache()
 
 
-def cached_tenant_for_key(raw: str) -> tuple[bool, TenantSnapshot | None]:
-    """``(True, snapshot_or_None)`` when ``raw`` is answered without the database (malformed, or in the
-    cache), else ``(False, None)``: then call :func:`tenant_for_key` from a thread.
+def cached_tenant_for_key(raw: str) -> tuple[bool, TenantSnapshot | None, bool]:
+    """``(True, snapshot_or_None, refresh)`` when ``raw`` is answered without the database (malformed, or
+    in the cache), else ``(False, None, False)``: then call :func:`tenant_for_key` from a thread.
 
-    Safe on the event loop (no ORM): the proxy consumers use it so that a cached key costs no thread
-    hop and never waits behind the audit writes that share Channels' database thread.
+    ``refresh`` is True (for one caller) when the cached answer is past half its lifetime: the caller
+    should run ``tenant_for_key(raw, refresh=True)`` in the background. Safe on the event loop (no
+    ORM): the proxy consumers use it so that a key in use costs no thread hop and never waits behind
+    the audit writes that share Channels' database thread.
     """
     if parse_api_key(raw) is None:
-        return True, None
-    return key_cache.get(ApiKey.compute_digest(raw))
+        return True, None, False
+    digest = ApiKey.compute_digest(raw)
+    found, snapshot = key_cache.get(digest)
+    return found, snapshot, found and key_cache.claim_refresh(digest)
 
 
-def tenant_for_key(raw: str) -> TenantSnapshot | None:
+def tenant_for_key(raw: str, *, refresh: bool = False) -> TenantSnapshot | None:
     """Authenticate ``raw`` and return its tenant snapshot (cached for ``AUTH_CACHE_SECONDS``), else None.
 
     The cache bounds how long a revoked key or a changed route takes to apply on a running process.
+    ``refresh=True`` reads the database even when cached and renews the entry (refresh ahead).
     """
     if parse_api_key(raw) is None:
         return None
     digest = ApiKey.compute_digest(raw)
-    found, snapshot = key_cache.get(digest)
-    if found:
-        return snapshot
-    key = api_key_authenticate(raw)
-    snapshot = _snapshot(key) if key is not None else None
-    if key is not None:
-        from tenants.services import api_key_touch
+    if not refresh:
+        found, snapshot = key_cache.get(digest)
+        if found:
+            return snapshot
+    try:
+        key = api_key_authenticate(raw)
+        snapshot = _snapshot(key) if key is not None else None
+        if key is not None:
+            from tenants.services import api_key_touch
 
-        api_key_touch(key=key)
-    key_cache.put(digest, snapshot)
+            api_key_touch(key=key)
+        key_cache.put(digest, snapshot)
+    finally:
+        if refresh:
+            key_cache.release(digest)
     return snapshot
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from tenants.selectors import (
     api_key_for_tenant,
     api_keys_for_tenant,
     cached_tenant_for_key,
+    key_cache,
     route_for_tenant,
     routes_for_tenant,
     tenant_for_key,
@@ -73,11 +75,25 @@ def test_it_answers_from_the_cache_only_what_it_already_knows(world_a: TenantWor
     """``cached_tenant_for_key`` never queries: unknown until ``tenant_for_key`` filled the cache, then the
     same snapshot; a malformed key is answered (None) at once."""
     with django_assert_num_queries(0):
-        assert cached_tenant_for_key(world_a.raw_key) == (False, None)
-        assert cached_tenant_for_key("sk-not-ours") == (True, None)
+        assert cached_tenant_for_key(world_a.raw_key) == (False, None, False)
+        assert cached_tenant_for_key("sk-not-ours") == (True, None, False)
     snapshot = tenant_for_key(world_a.raw_key)
     with django_assert_num_queries(0):
-        assert cached_tenant_for_key(world_a.raw_key) == (True, snapshot)
+        assert cached_tenant_for_key(world_a.raw_key) == (True, snapshot, False)
+
+
+def test_it_asks_once_for_a_refresh_past_half_the_lifetime(world_a: TenantWorld, settings: Any) -> None:
+    """Past half its lifetime a cached key is still served, one caller is told to refresh it, and the
+    refresh reads the database: a key revoked meanwhile is refused from then on."""
+    settings.AUTH_CACHE_SECONDS = 60
+    snapshot = tenant_for_key(world_a.raw_key)
+    digest = world_a.api_key.compute_digest(world_a.raw_key)
+    key_cache._entries[digest] = (time.monotonic() + 20, snapshot)  # 40 of 60 s gone
+    assert cached_tenant_for_key(world_a.raw_key) == (True, snapshot, True)
+    assert cached_tenant_for_key(world_a.raw_key) == (True, snapshot, False)  # claimed once
+    api_key_revoke(key=world_a.api_key)
+    assert tenant_for_key(world_a.raw_key, refresh=True) is None
+    assert cached_tenant_for_key(world_a.raw_key) == (True, None, False)
 
 
 def test_it_touches_last_used_when_a_key_authenticates(world_a: TenantWorld) -> None:
