@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from audit.models import ProxyRequest
 from proxy.guard.emit_openai import OpenAIChatEmitter
@@ -117,6 +118,14 @@ def upstream(*attempts: Script | httpx.Response, seen: list[dict[str, Any]] | No
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=frames())
 
     return UpstreamClient(transport=httpx.MockTransport(handler))
+
+
+@pytest.fixture(autouse=True)
+async def _close_thread_connections() -> AsyncIterator[None]:
+    """The relay writes audit rows from Channels' database thread; close that thread's connection after
+    each test, or Postgres refuses to drop the test database at the end (another session open)."""
+    yield
+    await sync_to_async(connections.close_all)()
 
 
 @pytest.fixture
