@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := var/install.stamp
 SECRETS := var/secrets.env
 
-.PHONY: help install run test format lint typecheck up
+.PHONY: help install run test format lint typecheck up bench bench-quick
 
 help:
 	@echo "make run        serve the demo on http://127.0.0.1:8000 (first run prints an admin login and an API key)"
@@ -19,6 +19,8 @@ help:
 	@echo "make format     ruff check --fix, then ruff format"
 	@echo "make typecheck  mypy --strict with the django-stubs plugin"
 	@echo "make up         docker compose up (needs a .env; see .env.example)"
+	@echo "make bench      benchmark: direct, bare Channels relay, toolrelay, LiteLLM side by side (~8 min; docs/benchmarks.md)"
+	@echo "make bench-quick  the same with small counts (~2 min)"
 
 install: $(STAMP)
 
@@ -58,3 +60,10 @@ typecheck: $(STAMP)
 up:
 	@test -f .env || { echo "No .env: copy .env.example to .env and fill it in."; exit 1; }
 	docker compose up --build
+
+# Benchmarks (docs/benchmarks.md). The first run creates bench/.venv-litellm (LiteLLM 1.108.7, ~2 min).
+bench: $(STAMP)
+	$(BIN)/python bench/run.py --json var/bench/last.json
+
+bench-quick: $(STAMP)
+	$(BIN)/python bench/run.py --quick --json var/bench/last-quick.json
