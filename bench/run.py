@@ -217,6 +217,14 @@ class Bench:
                         for i in range(4 * len(self.targets[name]))]
                 loadgen(self.targets[name], reqs, concurrency=2, deadline=120, timeout=60)
         self.sim_reset()
+        self.idle_cpu()
+
+    def idle_cpu(self, seconds: float = 3.0) -> None:
+        """CPU each server burns with no request in flight (background loops): noise for everyone else."""
+        before = {name: cpu_seconds(server.pids) for name, server in self.servers.items()}
+        time.sleep(seconds)
+        self.results["idle_cpu_pct"] = {name: 100 * (cpu_seconds(server.pids) - before[name]) / seconds
+                                        for name, server in self.servers.items()}
 
     # -- phases -------------------------------------------------------------------------------
 
@@ -622,7 +630,9 @@ def main(argv: list[str] | None = None) -> None:
     info["loadavg_end"] = os.getloadavg()
     print()
     print(table(bench.results))
-    print(f"\nload average at start {info['loadavg']}, at end {info['loadavg_end']}; "
+    idle = bench.results.get("idle_cpu_pct", {})
+    print("\nidle CPU % per server (no request in flight): " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()))
+    print(f"load average at start {info['loadavg']}, at end {info['loadavg_end']}; "
           f"wall {time.monotonic() - started:.0f} s; mode {'quick' if args.quick else 'full'}, "
           f"{args.processes} process(es) per server")
     if args.json:
