@@ -13,27 +13,22 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-CASES = sorted(CASES_DIR.glob("C*.json"))
-MAX_RETRIES = 2
+from tests.e2e.corpus import (
+    MAX_RETRIES,
+    cases_by_action,
+    expected_calls,
+    upstream_calls,
+)
+
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 HEADERS = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
-def _by_action(*actions: str) -> list[Any]:
-    return [pytest.param(_load(p), id=p.stem) for p in CASES if _load(p)["expected"]["action"] in actions]
 
 
 def _tools(case: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,27 +46,12 @@ def _messages(text: str = "What is the weather in Paris?") -> tuple[list[dict[st
     return [{"role": "user", "content": f"{text} [{marker}]"}], marker
 
 
-def _upstream_calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
-    return [r for r in simulator.stats()["requests"] if marker in json.dumps(r.get("body", {}))]
-
-
-def _expected_calls(case: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(c["name"], c["arguments"]) for c in case["expected"]["tool_calls"]]
-
-
 def _tool_uses(message: Any) -> list[tuple[str, Any]]:
     return [(b.name, b.input) for b in message.content if b.type == "tool_use"]
 
 
 def _text(message: Any) -> str | None:
     return "".join(b.text for b in message.content if b.type == "text") or None
-
-
-def _findings(db: Any, request_id: str) -> set[str]:
-    from audit.models import Finding
-
-    with db.unblock():
-        return set(Finding.objects.filter(request_id=request_id).values_list("kind", flat=True))
 
 
 def _client(proxy_server: Any, tenant: Any, **kwargs: Any) -> anthropic.Anthropic:
@@ -104,7 +84,7 @@ def _post(proxy_server: Any, tenant: Any, body: dict[str, Any], path: str = "/v1
 # -- the corpus -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, Any], make_tenant: Any,
                                                                proxy_server: Any, simulator: Any, audit_rows: Any,
                                                                django_db_blocker: Any,
@@ -115,18 +95,18 @@ def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, A
             model=f"case:{case['id']}", max_tokens=1024, messages=messages, tools=_tools(case)) as stream:
         message = stream.get_final_message()
         request_id = stream.response.headers["x-request-id"]
-    assert _tool_uses(message) == _expected_calls(case)
+    assert _tool_uses(message) == expected_calls(case)
     assert _text(message) == case["expected"]["content"]
     assert message.stop_reason == "tool_use"
     assert message.usage.output_tokens >= 0
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
     row = audit_rows(request_id)
     assert row.client_protocol == "anthropic-messages"
     assert row.outcome in ("clean", "normalized", "repaired")
     assert_case_audited(case, request_id)
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_as_canonical_events_to_messages_create(case: dict[str, Any],
                                                                                make_tenant: Any,
                                                                                proxy_server: Any) -> None:
@@ -149,11 +129,11 @@ def test_it_delivers_recoverable_cases_as_canonical_events_to_messages_create(ca
         elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
             name, partial = calls[event.index]
             calls[event.index] = (name, partial + event.delta.partial_json)
-    assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == _expected_calls(case)
+    assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == expected_calls(case)
     assert events[-2].delta.stop_reason == "tool_use" and events[-2].usage.output_tokens >= 0
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], make_tenant: Any, proxy_server: Any,
                                                         simulator: Any, audit_rows: Any) -> None:
     tenant = make_tenant()
@@ -166,12 +146,12 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
     assert uses, "the clean attempt's tool_use reaches the client"
     assert all(isinstance(arguments, dict) for _, arguments in uses)
     assert message.stop_reason == "tool_use"
-    assert len(_upstream_calls(simulator, marker)) == 2
+    assert len(upstream_calls(simulator, marker)) == 2
     row = audit_rows(request_id)
     assert (row.outcome, row.attempts, row.client_protocol) == ("recovered-by-retry", 2, "anthropic-messages")
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_recovers_retry_cases_in_a_non_stream_message(case: dict[str, Any], make_tenant: Any,
                                                          proxy_server: Any, simulator: Any) -> None:
     tenant = make_tenant()
@@ -180,10 +160,10 @@ def test_it_recovers_retry_cases_in_a_non_stream_message(case: dict[str, Any], m
         message = client.messages.create(model=f"case:{case['id']}:broken=1", max_tokens=1024, messages=messages,
                                          tools=_tools(case))
     assert _tool_uses(message) and message.stop_reason == "tool_use"
-    assert len(_upstream_calls(simulator, marker)) == 2
+    assert len(upstream_calls(simulator, marker)) == 2
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_answers_exhaustion_with_an_end_turn_message_when_always_broken(case: dict[str, Any],
                                                                            make_tenant: Any, proxy_server: Any,
                                                                            simulator: Any,
@@ -198,11 +178,11 @@ def test_it_answers_exhaustion_with_an_end_turn_message_when_always_broken(case:
     assert message.stop_reason == "end_turn"
     text = _text(message) or ""
     assert "[toolrelay]" in text and request_id in text
-    assert len(_upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
     assert audit_rows(request_id).outcome == "exhausted"
 
 
-@pytest.mark.parametrize("case", _by_action("error_to_client"))
+@pytest.mark.parametrize("case", cases_by_action("error_to_client"))
 def test_it_passes_non_retryable_errors_in_anthropic_shape(case: dict[str, Any], make_tenant: Any,
                                                            proxy_server: Any, simulator: Any) -> None:
     tenant = make_tenant()
@@ -215,7 +195,7 @@ def test_it_passes_non_retryable_errors_in_anthropic_shape(case: dict[str, Any],
     assert 400 <= error.status_code < 500
     assert error.body["type"] == "error" and error.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert error.response.headers["x-should-retry"] == "false"
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
 
 
 # -- the agent loop and the request translation -----------------------------------------------------
@@ -237,7 +217,7 @@ def test_it_runs_a_multi_turn_tool_loop(make_tenant: Any, proxy_server: Any, sim
             model="gen:calls=0", max_tokens=1024, messages=messages, tools=[WEATHER]) as stream:
         second = stream.get_final_message()
     assert second.stop_reason == "end_turn" and _text(second)
-    upstream = _upstream_calls(simulator, marker)[-1]["body"]["messages"]
+    upstream = upstream_calls(simulator, marker)[-1]["body"]["messages"]
     assert [m["role"] for m in upstream] == ["user", "assistant", "tool"]
     assert upstream[1]["tool_calls"][0]["id"] == use.id and upstream[2]["tool_call_id"] == use.id
     assert upstream[1]["reasoning_content"] == first.content[0].thinking  # type: ignore[union-attr]
@@ -265,7 +245,7 @@ def test_it_maps_system_blocks_and_mid_conversation_system_messages(make_tenant:
     assert response.headers["content-type"].startswith("text/event-stream")
     events = _raw_events(response)
     assert events[-1][0] == "message_stop"
-    upstream = _upstream_calls(simulator, marker)[0]["body"]
+    upstream = upstream_calls(simulator, marker)[0]["body"]
     assert upstream["messages"][0] == {"role": "system", "content": "You are Claude Code."}
     assert upstream["messages"][2] == {"role": "system", "content": "mid-conversation context"}
     assert [t["function"]["name"] for t in upstream["tools"]] == ["get_weather"]

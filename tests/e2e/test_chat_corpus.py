@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-CASES = sorted(CASES_DIR.glob("C*.json"))
-MAX_RETRIES = 2
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
-def _by_action(*actions: str) -> list[Any]:
-    return [pytest.param(_load(p), id=p.stem) for p in CASES if _load(p)["expected"]["action"] in actions]
+from tests.e2e.corpus import (
+    CASES_DIR,
+    MAX_RETRIES,
+    cases_by_action,
+    expected_calls,
+    finding_kinds,
+    load_case,
+    upstream_calls,
+)
 
 
 def _messages() -> tuple[list[dict[str, str]], str]:
@@ -34,30 +31,15 @@ def _messages() -> tuple[list[dict[str, str]], str]:
     return [{"role": "user", "content": f"What is the weather in Paris? [{marker}]"}], marker
 
 
-def _upstream_calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
-    return [r for r in simulator.stats()["requests"] if marker in json.dumps(r.get("body", {}))]
-
-
 def _calls(message: Any) -> list[tuple[str, Any]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in (message.tool_calls or [])]
-
-
-def _expected_calls(case: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(c["name"], c["arguments"]) for c in case["expected"]["tool_calls"]]
-
-
-def _findings(db: Any, request_id: str) -> set[str]:
-    from audit.models import Finding
-
-    with db.unblock():
-        return set(Finding.objects.filter(request_id=request_id).values_list("kind", flat=True))
 
 
 def _client(tenant: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30)
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, Any], make_tenant: Any,
                                                               simulator: Any, audit_rows: Any,
                                                               django_db_blocker: Any, assert_case_audited: Any) -> None:
@@ -70,16 +52,16 @@ def test_it_delivers_recoverable_cases_from_one_upstream_call(case: dict[str, An
         completion = stream.get_final_completion()
         request_id = stream._response.headers["x-request-id"]
     choice = completion.choices[0]
-    assert _calls(choice.message) == _expected_calls(case)
+    assert _calls(choice.message) == expected_calls(case)
     assert (choice.message.content or None) == case["expected"]["content"]
     assert choice.finish_reason == case["expected"]["finish_reason"]
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
     row = audit_rows(request_id)
     assert row.outcome in ("clean", "normalized", "repaired")
     assert_case_audited(case, request_id)
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_to_create_stream(case: dict[str, Any], make_tenant: Any) -> None:
     tenant = make_tenant()
     messages, _ = _messages()
@@ -96,12 +78,12 @@ def test_it_delivers_recoverable_cases_to_create_stream(case: dict[str, Any], ma
                 names[call.index] = call.function.name
             arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
     got = [(names[i], json.loads(arguments[i])) for i in sorted(names)]
-    assert got == _expected_calls(case)
+    assert got == expected_calls(case)
     assert finish == [case["expected"]["finish_reason"]]
     assert len({c.id for c in chunks}) == 1
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], make_tenant: Any, simulator: Any,
                                                         audit_rows: Any, django_db_blocker: Any) -> None:
     tenant = make_tenant()
@@ -118,14 +100,14 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
     for call in message.tool_calls:
         assert isinstance(json.loads(call.function.arguments), dict)
     assert completion.choices[0].finish_reason == "tool_calls"
-    assert len(_upstream_calls(simulator, marker)) == 2
+    assert len(upstream_calls(simulator, marker)) == 2
     row = audit_rows(request_id)
     assert row.outcome == "recovered-by-retry"
     assert row.attempts == 2
-    assert case["kind"] in _findings(django_db_blocker, request_id)
+    assert case["kind"] in finding_kinds(django_db_blocker, request_id)
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_answers_exhaustion_when_always_broken(case: dict[str, Any], make_tenant: Any, simulator: Any,
                                                   audit_rows: Any) -> None:
     tenant = make_tenant()
@@ -141,11 +123,11 @@ def test_it_answers_exhaustion_when_always_broken(case: dict[str, Any], make_ten
     assert completion.choices[0].finish_reason == "stop"
     assert "[toolrelay]" in (message.content or "")
     assert request_id in message.content
-    assert len(_upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
     assert audit_rows(request_id).outcome == "exhausted"
 
 
-@pytest.mark.parametrize("case", _by_action("error_to_client"))
+@pytest.mark.parametrize("case", cases_by_action("error_to_client"))
 def test_it_passes_non_retryable_errors_to_the_client(case: dict[str, Any], make_tenant: Any, simulator: Any,
                                                       audit_rows: Any, django_db_blocker: Any) -> None:
     tenant = make_tenant()
@@ -159,10 +141,10 @@ def test_it_passes_non_retryable_errors_to_the_client(case: dict[str, Any], make
     assert 400 <= error.status_code < 500
     assert error.response.headers.get("x-should-retry") == "false"
     assert "context" in str(error.message)
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
     request_id = error.response.headers["x-request-id"]
     assert audit_rows(request_id).outcome == "upstream-error"
-    assert case["kind"] in _findings(django_db_blocker, request_id)
+    assert case["kind"] in finding_kinds(django_db_blocker, request_id)
 
 
 @pytest.mark.parametrize("case_id", ["C14", "C46", "C15"])
@@ -170,7 +152,7 @@ def test_it_names_the_tool_a_finding_is_about(case_id: str, make_tenant: Any, au
                                              django_db_blocker: Any) -> None:
     from audit.models import Finding
 
-    case = _load(CASES_DIR / f"{case_id}.json")
+    case = load_case(CASES_DIR / f"{case_id}.json")
     tenant = make_tenant()
     messages, _ = _messages()
     with _client(tenant) as client, client.chat.completions.stream(

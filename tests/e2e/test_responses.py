@@ -12,29 +12,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-CASES = sorted(CASES_DIR.glob("C*.json"))
-MAX_RETRIES = 2
+from tests.e2e.corpus import (
+    MAX_RETRIES,
+    cases_by_action,
+    expected_calls,
+    upstream_calls,
+)
+
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
 MULTI_AGENT = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents", "tools": [
     {"type": "function", "name": "spawn_agent", "description": "Spawn", "strict": False,
      "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}]}
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
-def _by_action(*actions: str) -> list[Any]:
-    return [pytest.param(_load(p), id=p.stem) for p in CASES if _load(p)["expected"]["action"] in actions]
 
 
 def _tools(case: dict[str, Any]) -> list[dict[str, Any]]:
@@ -49,23 +44,8 @@ def _input(text: str = "What is the weather in Paris?") -> tuple[list[dict[str, 
     return [{"role": "user", "content": f"{text} [{marker}]"}], marker
 
 
-def _upstream_calls(simulator: Any, marker: str) -> list[dict[str, Any]]:
-    return [r for r in simulator.stats()["requests"] if marker in json.dumps(r.get("body", {}))]
-
-
-def _expected_calls(case: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(c["name"], c["arguments"]) for c in case["expected"]["tool_calls"]]
-
-
 def _calls(response: Any) -> list[tuple[str, Any]]:
     return [(i.name, json.loads(i.arguments)) for i in response.output if i.type == "function_call"]
-
-
-def _findings(db: Any, request_id: str) -> set[str]:
-    from audit.models import Finding
-
-    with db.unblock():
-        return set(Finding.objects.filter(request_id=request_id).values_list("kind", flat=True))
 
 
 def _client(tenant: Any) -> openai.OpenAI:
@@ -104,7 +84,7 @@ def _raw_events(response: httpx.Response) -> list[dict[str, Any]]:
 # -- the corpus -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_through_responses_stream(case: dict[str, Any], make_tenant: Any,
                                                                 simulator: Any, audit_rows: Any,
                                                                 django_db_blocker: Any,
@@ -112,17 +92,17 @@ def test_it_delivers_recoverable_cases_through_responses_stream(case: dict[str, 
     tenant = make_tenant()
     items, marker = _input()
     response, request_id = _stream(tenant, model=f"case:{case['id']}", input=items, tools=_tools(case))
-    assert _calls(response) == _expected_calls(case)
+    assert _calls(response) == expected_calls(case)
     assert (response.output_text or None) == case["expected"]["content"]
     assert response.status == "completed" and response.id.startswith("resp_")
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
     row = audit_rows(request_id)
     assert row.client_protocol == "openai-responses"
     assert row.outcome in ("clean", "normalized", "repaired")
     assert_case_audited(case, request_id)
 
 
-@pytest.mark.parametrize("case", _by_action("emit", "emit_after_repair"))
+@pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_as_events_to_responses_create(case: dict[str, Any],
                                                                      make_tenant: Any) -> None:
     """``responses.create(stream=True)`` yields the raw events: sequence numbers, full items in
@@ -140,7 +120,7 @@ def test_it_delivers_recoverable_cases_as_events_to_responses_create(case: dict[
             arguments[event.item_id] = arguments.get(event.item_id, "") + event.delta
     done = [e.item for e in events if e.type == "response.output_item.done"]
     calls = [item for item in done if item.type == "function_call"]
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == _expected_calls(case)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == expected_calls(case)
     assert all(arguments[c.id] == c.arguments and c.status == "completed" for c in calls)  # type: ignore[index]
     completed = events[-1]
     assert completed.type == "response.completed"
@@ -150,7 +130,7 @@ def test_it_delivers_recoverable_cases_as_events_to_responses_create(case: dict[
     assert usage is not None and usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], make_tenant: Any, simulator: Any,
                                                         audit_rows: Any) -> None:
     tenant = make_tenant()
@@ -158,12 +138,12 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
     response, request_id = _stream(tenant, model=f"case:{case['id']}:broken=1", input=items, tools=_tools(case))
     calls = _calls(response)
     assert calls and all(isinstance(arguments, dict) for _, arguments in calls)
-    assert len(_upstream_calls(simulator, marker)) == 2
+    assert len(upstream_calls(simulator, marker)) == 2
     row = audit_rows(request_id)
     assert (row.outcome, row.attempts, row.client_protocol) == ("recovered-by-retry", 2, "openai-responses")
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_recovers_retry_cases_in_a_non_stream_response(case: dict[str, Any], make_tenant: Any,
                                                           simulator: Any) -> None:
     tenant = make_tenant()
@@ -171,10 +151,10 @@ def test_it_recovers_retry_cases_in_a_non_stream_response(case: dict[str, Any], 
     with _client(tenant) as client:
         response = client.responses.create(model=f"case:{case['id']}:broken=1", input=items, tools=_tools(case))
     assert _calls(response) and response.status == "completed"
-    assert len(_upstream_calls(simulator, marker)) == 2
+    assert len(upstream_calls(simulator, marker)) == 2
 
 
-@pytest.mark.parametrize("case", _by_action("retry"))
+@pytest.mark.parametrize("case", cases_by_action("retry"))
 def test_it_answers_exhaustion_with_a_completed_message_when_always_broken(case: dict[str, Any],
                                                                            make_tenant: Any, simulator: Any,
                                                                            audit_rows: Any) -> None:
@@ -184,11 +164,11 @@ def test_it_answers_exhaustion_with_a_completed_message_when_always_broken(case:
     assert not _calls(response)
     assert response.status == "completed"
     assert "[toolrelay]" in response.output_text and request_id in response.output_text
-    assert len(_upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
     assert audit_rows(request_id).outcome == "exhausted"
 
 
-@pytest.mark.parametrize("case", _by_action("error_to_client"))
+@pytest.mark.parametrize("case", cases_by_action("error_to_client"))
 def test_it_passes_non_retryable_errors_in_openai_shape(case: dict[str, Any], make_tenant: Any,
                                                         simulator: Any) -> None:
     tenant = make_tenant()
@@ -199,7 +179,7 @@ def test_it_passes_non_retryable_errors_in_openai_shape(case: dict[str, Any], ma
     assert 400 <= error.status_code < 500
     assert error.response.headers["x-should-retry"] == "false"
     assert "context" in str(error.message)
-    assert len(_upstream_calls(simulator, marker)) == 1
+    assert len(upstream_calls(simulator, marker)) == 1
 
 
 # -- the agent loop and the request translation -----------------------------------------------------
@@ -219,7 +199,7 @@ def test_it_runs_a_multi_turn_tool_loop(make_tenant: Any, simulator: Any) -> Non
         with client.responses.stream(model="gen:calls=0", input=history, tools=[EXEC], store=False) as stream:
             second = stream.get_final_response()
     assert second.output_text and not _calls(second)
-    upstream = _upstream_calls(simulator, marker)[-1]["body"]["messages"]
+    upstream = upstream_calls(simulator, marker)[-1]["body"]["messages"]
     assert [m["role"] for m in upstream] == ["user", "assistant", "tool"]
     assert upstream[1]["tool_calls"][0]["id"] == call.call_id and upstream[2]["tool_call_id"] == call.call_id
     reasoning = first.output[0].content[0].text  # type: ignore[union-attr,index]
@@ -233,7 +213,7 @@ def test_it_flattens_namespace_tools_and_restores_the_namespace_on_the_call(make
     response, _ = _stream(tenant, model="gen:calls=1", input=items, tools=[MULTI_AGENT])
     [call] = [i for i in response.output if i.type == "function_call"]
     assert (call.name, call.namespace) == ("spawn_agent", "multi_agent_v1")
-    upstream = _upstream_calls(simulator, marker)[0]["body"]
+    upstream = upstream_calls(simulator, marker)[0]["body"]
     assert [t["function"]["name"] for t in upstream["tools"]] == ["multi_agent_v1__spawn_agent"]
 
 
@@ -255,7 +235,7 @@ def test_it_accepts_codexs_request(make_tenant: Any, simulator: Any) -> None:
     assert events[-1]["type"] == "response.completed" and events[-1]["response"]["id"]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done and done[-1]["type"] == "function_call" and done[-1]["arguments"]
-    upstream = _upstream_calls(simulator, marker)[0]["body"]
+    upstream = upstream_calls(simulator, marker)[0]["body"]
     assert upstream["messages"][0] == {"role": "system", "content": "You are Codex."}
     assert [t["function"]["name"] for t in upstream["tools"]] == ["exec_command", "multi_agent_v1__spawn_agent"]
     assert "store" not in upstream and "include" not in upstream
