@@ -14,6 +14,7 @@ the translation could not carry over are logged with the request id.
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import math
@@ -54,7 +55,7 @@ def translate(fn: Callable[[dict[str, Any]], T], data: dict[str, Any]) -> T:
         raise RequestError(400, exc.message, param=exc.param) from None
 
 
-class _AgentConsumer(ProxyConsumer):
+class _AgentConsumer(ProxyConsumer, abc.ABC):
     """Shared flow: authenticate, parse, translate, route, relay."""
 
     translator: Callable[[dict[str, Any]], Translation]
@@ -78,9 +79,9 @@ class _AgentConsumer(ProxyConsumer):
                         snapshot.slug, ", ".join(translation.dropped))
         await Relay(request, self.responder, get_client()).run()
 
+    @abc.abstractmethod
     def emitter(self, data: dict[str, Any], translation: Translation) -> Emitter:
-        """The emitter for this protocol (subclasses)."""
-        raise NotImplementedError
+        """The emitter for this protocol."""
 
 
 class MessagesConsumer(_AgentConsumer):

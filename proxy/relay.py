@@ -416,15 +416,16 @@ class Relay:
 
     # ----- attempts -----
 
-    def _attempt_record(self, number: int, target: UpstreamTarget, outcome: str, started: float,
+    def _attempt_record(self, target: UpstreamTarget, outcome: str, started: float,
                         **kwargs: Any) -> audit.AttemptRecord:
+        """The audit record of one upstream call; records are numbered in call order."""
         metrics.ATTEMPTS.labels(outcome=outcome).inc()
         for finding in kwargs.get("findings", ()):
             metrics.FINDINGS.labels(kind=finding.kind.value).inc()
         if kwargs.get("body"):
             kwargs["body"] = redact(kwargs["body"].decode("utf-8", "replace"), self._secrets).encode()
-        # Records are numbered in call order: a re-ask without stream_options reuses the target of
-        # ``number`` but is a call of its own.
+        # Numbered in call order: a re-ask without stream_options reuses its attempt's target but is a
+        # call of its own.
         self._seq += 1
         return audit.AttemptRecord(number=self._seq - 1, upstream_id=target.upstream_id, upstream_model=target.model,
                                    outcome=outcome, duration_ms=(time.monotonic() - started) * 1000, **kwargs)
@@ -471,13 +472,13 @@ class Relay:
             target = self.req.plan.target(attempt)
             started = time.monotonic()
             try:
-                decision = await self._pass_through_attempt(attempt, target, started)
+                decision = await self._pass_through_attempt(target, started)
             except (UpstreamTimeout, UpstreamUnavailable) as exc:
                 if self.committed:
-                    await self._end_broken_pass_through(attempt, target, started, exc)
+                    await self._end_broken_pass_through(target, started, exc)
                     return
                 decision = failure_decision(exc)
-                self.pending.append(self._attempt_record(attempt, target, "upstream-error", started,
+                self.pending.append(self._attempt_record(target, "upstream-error", started,
                                                          abort_reason=str(exc), findings=decision.findings))
             if decision is None:
                 return
@@ -487,12 +488,12 @@ class Relay:
             await self._backoff(attempt, decision.error)
             attempt += 1
 
-    async def _pass_through_attempt(self, number: int, target: UpstreamTarget, started: float) -> Decision | None:
+    async def _pass_through_attempt(self, target: UpstreamTarget, started: float) -> Decision | None:
         """Forward one attempt; returns None when the response was delivered, else the failure decision."""
         body = upstream_body(self.req, target, ask_usage=False)
         async with self.client.open(target, body, stream=True) as response:
             if response.status != 200:
-                return await self._http_failure(number, target, started, response)
+                return await self._http_failure(target, started, response)
             content_type = response.headers.get("content-type", "text/event-stream").encode()
             await self.responder.start(200, self._headers([(b"content-type", content_type),
                                                            (b"cache-control", b"no-cache"),
@@ -513,29 +514,29 @@ class Relay:
             await self._send(b"", more=False)
         prompt, completion = _usage_tokens(usage_from_tail(b"".join(recent)[-_TAIL_BYTES:]))
         self.outcome = "clean"
-        self.pending.append(self._attempt_record(number, target, "clean", started, upstream_status=200,
+        self.pending.append(self._attempt_record(target, "clean", started, upstream_status=200,
                                                  bytes_received=size, prompt_tokens=prompt,
                                                  completion_tokens=completion))
         return None
 
-    async def _end_broken_pass_through(self, number: int, target: UpstreamTarget, started: float,
+    async def _end_broken_pass_through(self, target: UpstreamTarget, started: float,
                                        exc: Exception) -> None:
         """The upstream failed after bytes were forwarded: nothing can be retried, so end the stream with
         the protocol's in-stream error (PROTOCOLS.md 1.6), never a silently truncated success. The
         leading blank lines end any event the upstream left half-sent."""
         self.outcome, self.error = "upstream-error", str(exc)
         decision = failure_decision(exc)
-        self.pending.append(self._attempt_record(number, target, "upstream-error", started, upstream_status=200,
+        self.pending.append(self._attempt_record(target, "upstream-error", started, upstream_status=200,
                                                  abort_reason=str(exc), findings=decision.findings))
         if not self.finished and decision.error is not None:
             message = f"the upstream stream broke off: {exc} (request id: {self.req.id})"
             error = dataclasses.replace(decision.error, message=message)
             await self._send(b"\n\n" + self.emitter.close_error(error), more=False)
 
-    async def _http_failure(self, number: int, target: UpstreamTarget, started: float, response: Any) -> Decision:
+    async def _http_failure(self, target: UpstreamTarget, started: float, response: Any) -> Decision:
         body = await response.read_capped()
         decision = self._scrub(http_error_decision(response.status, body, response.headers))
-        self.pending.append(self._attempt_record(number, target, "upstream-error", started,
+        self.pending.append(self._attempt_record(target, "upstream-error", started,
                                                  upstream_status=response.status, findings=decision.findings,
                                                  abort_reason=decision.reason, body=body))
         if _rejects_stream_options(response.status, body) and target.upstream_id not in _REJECTS_STREAM_OPTIONS:
@@ -592,14 +593,14 @@ class Relay:
         target = self.req.plan.target(number)
         started = time.monotonic()
         try:
-            return await self._read_guarded(number, target, started)
+            return await self._read_guarded(target, started)
         except (UpstreamTimeout, UpstreamUnavailable) as exc:
             decision = failure_decision(exc)
-            record = self._attempt_record(number, target, "upstream-error", started, abort_reason=str(exc),
+            record = self._attempt_record(target, "upstream-error", started, abort_reason=str(exc),
                                           findings=decision.findings)
             return _AttemptResult(decision, record, [])
 
-    async def _read_guarded(self, number: int, target: UpstreamTarget, started: float) -> _AttemptResult:
+    async def _read_guarded(self, target: UpstreamTarget, started: float) -> _AttemptResult:
         asked = self.req.include_usage or target.upstream_id not in _REJECTS_STREAM_OPTIONS
         guard = AttemptGuard(dataclasses.replace(self.spec, usage_requested=asked), self.policy)
         live = self.policy.stream_text and not self.text_sent
@@ -611,7 +612,7 @@ class Relay:
         ttfb: float | None = None
         async with self.client.open(target, upstream_body(self.req, target, ask_usage=True), stream=True) as response:
             if response.status != 200:
-                decision = await self._http_failure(number, target, started, response)
+                decision = await self._http_failure(target, started, response)
                 return _AttemptResult(decision, self.pending.pop(), [])
             async for chunk in response.chunks():
                 if ttfb is None:
@@ -629,8 +630,7 @@ class Relay:
         decision = Decision(Outcome.RETRY, None, reason="no decision") if done is None else self._scrub(done.decision)
         turn = decision.turn
         prompt, completion = _usage_tokens(turn.usage if turn is not None else None)
-        record = self._attempt_record(
-            number, target, _attempt_outcome(decision), started, upstream_status=200, ttfb_ms=ttfb,
+        record = self._attempt_record(target, decision.outcome.value, started, upstream_status=200, ttfb_ms=ttfb,
             abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable else decision.reason),
             findings=decision.findings, prompt_tokens=prompt, completion_tokens=completion, bytes_received=size,
             body=b"".join(body_parts), tool_names=guard.tool_names(),
@@ -725,10 +725,10 @@ class Relay:
             target = self.req.plan.target(attempt)
             started = time.monotonic()
             try:
-                decision = await self._non_stream_attempt(attempt, target, started)
+                decision = await self._non_stream_attempt(target, started)
             except (UpstreamTimeout, UpstreamUnavailable) as exc:
                 decision = failure_decision(exc)
-                self.pending.append(self._attempt_record(attempt, target, "upstream-error", started,
+                self.pending.append(self._attempt_record(target, "upstream-error", started,
                                                          abort_reason=str(exc), findings=decision.findings))
             if decision is None:
                 return
@@ -755,26 +755,26 @@ class Relay:
         self.error = error.message if error is not None else decision.reason
         await self._send_json(200, self.emitter.complete_exhausted(exhaustion_message(self.req, attempts, self.error)))
 
-    async def _non_stream_attempt(self, number: int, target: UpstreamTarget,
+    async def _non_stream_attempt(self, target: UpstreamTarget,
                                   started: float) -> Decision | None:
         async with self.client.open(target, upstream_body(self.req, target, ask_usage=False), stream=False) as response:
             if response.status != 200:
-                return await self._http_failure(number, target, started, response)
+                return await self._http_failure(target, started, response)
             body = await response.read_capped(_NON_STREAM_CAP)
             content_type = response.headers.get("content-type", "application/json")
         if self.req.forwards_raw:
-            await self._forward_plain(number, target, started, body, content_type)
+            await self._forward_plain(target, started, body, content_type)
             return None
         decision = self._scrub(decide_completion(body, self.spec, self.policy))
         prompt, completion = _usage_tokens(decision.turn.usage if decision.turn else None)
-        self.pending.append(self._attempt_record(number, target, _attempt_outcome(decision), started,
+        self.pending.append(self._attempt_record(target, decision.outcome.value, started,
                                                  upstream_status=200, findings=decision.findings,
                                                  abort_reason="" if decision.usable else decision.reason,
                                                  prompt_tokens=prompt, completion_tokens=completion,
                                                  bytes_received=len(body), body=body))
         return decision
 
-    async def _forward_plain(self, number: int, target: UpstreamTarget, started: float, body: bytes,
+    async def _forward_plain(self, target: UpstreamTarget, started: float, body: bytes,
                              content_type: str) -> None:
         """A tool-less non-stream answer goes back unchanged, with the upstream's content type."""
         try:
@@ -782,7 +782,7 @@ class Relay:
         except (ValueError, AttributeError):
             usage = None
         prompt, completion = _usage_tokens(usage)
-        self.pending.append(self._attempt_record(number, target, "clean", started, upstream_status=200,
+        self.pending.append(self._attempt_record(target, "clean", started, upstream_status=200,
                                                  prompt_tokens=prompt, completion_tokens=completion,
                                                  bytes_received=len(body)))
         self.outcome, self.status, self.committed, self.finished = "clean", 200, True, True
@@ -797,10 +797,6 @@ _MODEL_FAILURE_KINDS = frozenset({FindingKind.MID_STREAM_ERROR_CHUNK, FindingKin
 def model_failure(decision: Decision) -> bool:
     """True when ``decision`` is about broken model output rather than an unreachable or failing upstream."""
     return decision.outcome == Outcome.RETRY or any(f.kind in _MODEL_FAILURE_KINDS for f in decision.findings)
-
-
-def _attempt_outcome(decision: Decision) -> str:
-    return decision.outcome.value
 
 
 def _request_outcome(decision: Decision, attempt: int) -> str:
