@@ -6,7 +6,7 @@ Public API re-exported here; one import per line so parallel additions merge cle
 
 from __future__ import annotations
 
-from proxy.guard.accumulate import Accumulator, SlotClosed, synthesize_call_id
+from proxy.guard.accumulate import Accumulator, SlotClosed
 from proxy.guard.attempt import AttemptGuard, decide_completion, guard_body
 from proxy.guard.emit import Emitter
 from proxy.guard.emit_openai import OpenAIChatEmitter
@@ -17,7 +17,17 @@ from proxy.guard.markup import MarkupScanner, extract_markup
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import resolve_name
 from proxy.guard.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
-from proxy.guard.turn import ChoiceTurn, Decision, Outcome, RequestSpec, ToolCall, ToolSpec, Turn, UpstreamError
+from proxy.guard.turn import (
+    ChoiceTurn,
+    Decision,
+    Outcome,
+    RequestSpec,
+    ToolCall,
+    ToolSpec,
+    Turn,
+    UpstreamError,
+    synthesize_call_id,
+)
 from proxy.guard.validate import check_turn
 
 __all__ = [

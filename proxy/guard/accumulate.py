@@ -25,22 +25,19 @@ The accumulator never raises on any chunk shape.
 from __future__ import annotations
 
 import json
-import secrets
-import string
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.events import Channel, TextDelta
-from proxy.guard.findings import Action, Finding, FindingKind, Severity, cap_fragment
+from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
 from proxy.guard.jsonprefix import OPAQUE, JsonPrefix
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.repair import parse_arguments, resolve_name
 from proxy.guard.sse import SSEEvent
-from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, Turn, UpstreamError
+from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, Turn, UpstreamError, synthesize_call_id
 
 K = FindingKind
-_ID_ALPHABET = string.ascii_letters + string.digits
 _ABSENT = ("", "null")
 _FINISH_ALIASES = {
     "stop": "stop", "length": "length", "tool_calls": "tool_calls", "content_filter": "content_filter",
@@ -56,11 +53,6 @@ _SEVERITY = {
     Action.NORMALIZED: Severity.INFO, Action.IGNORED: Severity.INFO, Action.REPAIRED: Severity.WARNING,
     Action.RETRY: Severity.ERROR, Action.ERROR: Severity.ERROR,
 }
-
-
-def synthesize_call_id() -> str:
-    """A fresh tool-call id ``call_`` + 24 random alphanumerics (C08)."""
-    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
 
 
 def ident(value: Any) -> str | None:
@@ -80,15 +72,6 @@ class SlotClosed:
 
 
 AccItem = TextDelta | Finding | SlotClosed
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    """The frame a delta came from (for findings)."""
-
-    frame: int | None = None
-    offset: int | None = None
-    raw: str = ""
 
 
 class Args:

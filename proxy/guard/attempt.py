@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed, Where, resolve_slot_name
+from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed, resolve_slot_name
 from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
-from proxy.guard.findings import Action, Finding, FindingKind, Severity, cap_fragment
+from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
 from proxy.guard.markup import MarkupScanner, ScanResult
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import resolve_name

@@ -137,6 +137,15 @@ class Finding:
         return self.action in (Action.RETRY, Action.ERROR)
 
 
+@dataclass(frozen=True, slots=True)
+class Where:
+    """The frame a delta came from (for findings): 0-based event number, byte offset, raw text."""
+
+    frame: int | None = None
+    offset: int | None = None
+    raw: str = ""
+
+
 def cap_fragment(text: str) -> str:
     """Return ``text`` cut to ``FRAGMENT_CAP`` characters, marking the cut."""
     if len(text) <= FRAGMENT_CAP:

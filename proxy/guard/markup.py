@@ -28,9 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.guard.accumulate import Where, synthesize_call_id
-from proxy.guard.findings import Action, Finding, FindingKind, Severity, cap_fragment
-from proxy.guard.turn import ToolCall, ToolSpec
+from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
+from proxy.guard.turn import ToolCall, ToolSpec, synthesize_call_id
 
 K = FindingKind
 # DeepSeek's full-width bar and "▁" are matched as their ASCII spellings; one char each, so

@@ -8,10 +8,19 @@ finish reason; usage is per turn.
 from __future__ import annotations
 
 import enum
+import secrets
+import string
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guard.findings import Finding
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def synthesize_call_id() -> str:
+    """A fresh tool-call id ``call_`` + 24 random alphanumerics (C08)."""
+    return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
 
 
 @dataclass(slots=True)
