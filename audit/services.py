@@ -58,8 +58,6 @@ class AttemptRecord:
     frames: int = 0
     findings: Sequence[GuardFinding] = ()
     body: bytes = b""
-    #: Tool name per (choice, slot), so findings say which tool they are about.
-    tool_names: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -113,7 +111,7 @@ def _write_attempt(record: RequestRecord, attempt: AttemptRecord) -> None:
         Finding(request_id=record.id, attempt=row, tenant_id_copy=record.tenant_id, kind=f.kind.value,
                 severity=f.severity.value, action=f.action.value, choice=f.choice, slot=f.slot, frame=f.frame,
                 byte_offset=f.offset, fragment=f.fragment if keep_frames else "", detail=f.detail,
-                tool_name=attempt.tool_names.get((f.choice or 0, f.slot), "")[:200] if f.slot is not None else "")
+                tool_name=f.tool[:200])
         for f in attempt.findings
     ])
     if record.fragments == FragmentStorage.ATTEMPT and attempt.body:

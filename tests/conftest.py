@@ -31,7 +31,7 @@ def _fast_password_hasher(settings: Any) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_key_cache() -> Iterator[None]:
     """Each test starts with an empty API key cache (it lives for the whole process otherwise)."""
-    from tenants.selectors import key_cache
+    from tenants.auth import key_cache
 
     key_cache.clear()
     yield

@@ -392,14 +392,6 @@ def test_it_streams_text_reasoning_and_refusal_per_choice() -> None:
     assert d.turn.choices[0].refusal == "no"
 
 
-def test_it_holds_text_until_the_end_when_streaming_is_off() -> None:
-    """``stream_text=False``: every TextDelta comes from ``finish()``, before ``Done``."""
-    guard = AttemptGuard(TOOLS, GuardPolicy(stream_text=False))
-    assert not [e for e in guard.feed(sse(text("abc"), finish("stop"))) if isinstance(e, TextDelta)]
-    tail = guard.finish()
-    assert [e.text for e in tail if isinstance(e, TextDelta)] == ["abc"] and isinstance(tail[-1], Done)
-
-
 def test_it_rejects_an_empty_turn() -> None:
     """Never an empty success: no text and no call is a retry."""
     assert run(sse(chunk(choice({"role": "assistant", "content": ""})), finish("stop")))[0].outcome is Outcome.RETRY
