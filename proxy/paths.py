@@ -49,11 +49,13 @@ _NO_DECISION = Decision(Outcome.RETRY, None, reason="no decision")
 
 @dataclass(frozen=True, slots=True)
 class Attempted:
-    """One attempt's result: ``delivered`` with the request ``outcome``, or the ``decision`` against it."""
+    """One attempt's result: ``delivered`` with the request ``outcome`` (and ``error``, the audit's text
+    for a stream that broke off after the commit), or the ``decision`` against it."""
 
     decision: Decision
     delivered: bool = False
-    outcome: RequestOutcome | None = None
+    outcome: RequestOutcome = RequestOutcome.UPSTREAM_ERROR
+    error: str = ""
 
 
 class _Path(abc.ABC):
@@ -151,7 +153,7 @@ class PassThrough(_Path):
             message = f"the upstream stream broke off: {exc} (request id: {self.response.request_id})"
             error = dataclasses.replace(decision.error, message=message)
             await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR)
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=str(exc))
 
 
 class Guarded(_Path):

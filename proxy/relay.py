@@ -138,7 +138,7 @@ class Relay:
             self.attempts_made = attempt + 1
             result = await path.attempt(attempt, target)
             if result.delivered:
-                self.outcome = result.outcome or RequestOutcome.CLEAN
+                self.outcome, self.error = result.outcome, result.error
                 return
             decision = result.decision
             if not retryable(decision):

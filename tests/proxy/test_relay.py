@@ -298,3 +298,41 @@ async def test_it_answers_a_clear_502_when_the_stored_credential_does_not_decryp
     assert b"cannot be decrypted" in recorder.body and b"upstream_misconfigured" in recorder.body
     assert recorder.headers[b"x-should-retry"] == b"false"
     assert seen == [], "nothing was sent upstream, and there was no retry"
+
+
+async def test_it_records_why_a_pass_through_stream_broke_off_after_the_commit(make_request: Any) -> None:
+    """A pass-through stream that breaks after bytes were forwarded ends with an in-stream error, and the
+    audit keeps why (outcome and error text), with the attempt's status 200."""
+    from audit.models import Attempt
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        async def frames() -> AsyncIterator[bytes]:
+            yield TEXT("partial")
+            raise httpx.ReadError("connection reset by peer")
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=frames())
+
+    request = make_request(tools=False)
+    recorder, response = await run(request, UpstreamClient(transport=httpx.MockTransport(handler)))
+    assert recorder.status == 200 and recorder.ended
+    assert b"partial" in recorder.body and b"broke off" in recorder.body
+    row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
+    assert row.outcome == "upstream-error" and "broke" in row.error
+    attempt = await sync_to_async(Attempt.objects.get)(request_id=response.request_id)
+    assert attempt.upstream_status == 200 and attempt.outcome == "upstream-error"
+
+
+async def test_it_audits_the_refused_stream_options_call_as_an_attempt_of_its_own(make_request: Any) -> None:
+    """The upstream client's own re-ask is on record: two attempts, the refusal first, and only one of
+    the policy's retries is not spent on it."""
+    from audit.models import Attempt
+
+    error = {"error": {"message": "unknown field stream_options", "type": "invalid_request_error"}}
+    rejection = httpx.Response(400, headers={"content-type": "application/json"},
+                               stream=httpx.ByteStream(json.dumps(error).encode()))
+    request = make_request(max_retries=0)
+    recorder, response = await run(request, upstream(rejection, [(0, CALL), (0, FINISH_CALLS), (0, DONE)]))
+    assert recorder.tool_names() == ["get_weather"]
+    attempts = await sync_to_async(list)(Attempt.objects.filter(request_id=response.request_id).order_by("number"))
+    assert [(a.number, a.upstream_status, a.outcome) for a in attempts] == [(0, 400, "upstream-error"),
+                                                                           (1, 200, "normalized")]

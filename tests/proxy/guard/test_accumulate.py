@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from proxy.guard.attempt import AttemptGuard, decide_completion
-from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
+from proxy.guard.attempt import decide_completion
+from proxy.guard.events import Abort, Done, ToolCallValid
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.turn import Outcome, RequestSpec, ToolSpec
