@@ -41,6 +41,9 @@ API_KEY_SECRET = envstr("API_KEY_SECRET")
 #: How long a resolved API key / route stays in the in-process cache (seconds): bounds how long a
 #: revoked key keeps working on a running process.
 AUTH_CACHE_SECONDS = envfloat("AUTH_CACHE_SECONDS", 5.0)
+#: While the database cannot be asked, a key is served from its last good answer up to this old
+#: (seconds; shared through Redis or JOURNAL_DIR/principals.json); unknown keys then get 503.
+AUTH_STALE_SECONDS = envfloat("AUTH_STALE_SECONDS", 900.0)
 #: Write ``ApiKey.last_used`` at most this often per key (seconds).
 API_KEY_TOUCH_SECONDS = envint("API_KEY_TOUCH_SECONDS", 300)
 
@@ -53,6 +56,24 @@ RETRY_AFTER_MAX_SECONDS = envfloat("RETRY_AFTER_MAX_SECONDS", 10.0)
 RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
+#: The audit journal (audit/journal.py): one file per process in JOURNAL_DIR (a volume shared by the
+#: processes of a host, so a restarted one drains what a dead one left); its backlog bound in bytes;
+#: how often the writer moves it into the database and fsyncs it (seconds).
+JOURNAL_DIR = envstr("JOURNAL_DIR", str(VAR_DIR / "journal"))
+JOURNAL_MAX_BYTES = envint("JOURNAL_MAX_BYTES", 256 * 1024 * 1024)
+JOURNAL_BATCH_SECONDS = envfloat("JOURNAL_BATCH_SECONDS", 0.1)
+JOURNAL_FSYNC_SECONDS = envfloat("JOURNAL_FSYNC_SECONDS", 0.1)
+JOURNAL_ORPHAN_SCAN_SECONDS = envfloat("JOURNAL_ORPHAN_SCAN_SECONDS", 30.0)
+#: With nothing to write, the writer checks the database this often (seconds) for /readyz.
+JOURNAL_PING_SECONDS = envfloat("JOURNAL_PING_SECONDS", 5.0)
+#: Client-side deadline of each database call made by the journal writer and the auth lookups
+#: (a frozen database answers no server-side timeout).
+DB_CALL_TIMEOUT_SECONDS = envfloat("DB_CALL_TIMEOUT_SECONDS", 5.0)
+#: Upper bound on a whole client request (upstream's and route's own deadlines can only shorten it).
+REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
+#: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
+#: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
+RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
 
 #: When set, ``GET /metrics`` requires ``Authorization: Bearer <METRICS_TOKEN>`` (it shows tenant
 #: slugs and traffic); unset, keep /metrics off the public listener at the reverse proxy.
@@ -123,6 +144,12 @@ def _database() -> dict[str, Any]:
                                                             conn_health_checks=True))
     except Exception as exc:  # dj-database-url raises several types on malformed URLs
         raise ImproperlyConfigured(f"DATABASE_URL={url!r} is not a valid database URL: {exc}") from exc
+    if config.get("ENGINE") == "django.db.backends.postgresql":
+        # Bounds on a sick database, client side (audit/dbcall.py bounds each call on top): connecting,
+        # and a peer that stops acknowledging (keepalives, tcp_user_timeout in ms).
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "connect_timeout": envint("DB_CONNECT_TIMEOUT_SECONDS", 5),
+                             "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                             "tcp_user_timeout": 10_000}
     if config.get("ENGINE") == "django.db.backends.sqlite3":
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["CONN_MAX_AGE"] = 0

@@ -3,18 +3,15 @@
 ``AttemptLog`` numbers every upstream call in call order (a refused call that the upstream client
 asked again past is a call of its own), redacts upstream credentials from every text that reaches
 the client or the audit (some upstreams echo the key they were sent in their error messages), and
-keeps the records until they are written: ``flush()`` writes the finished ones before a retry
-starts (so a crash loses nothing already decided), the rest go with the request's final row.
+journals each record the moment its call ends (``audit.services.attempt_finished``): a corrupted
+attempt is on record before its retry starts, without a database round trip.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from typing import Any
-
-from channels.db import database_sync_to_async
 
 from audit import services as audit
 from proxy import metrics
@@ -30,8 +27,6 @@ from proxy.upstream import (
     secrets_of,
 )
 from tenants.auth import UpstreamTarget
-
-logger = logging.getLogger(__name__)
 
 
 def failure_decision(exc: Exception) -> Decision:
@@ -59,20 +54,13 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
 
 
 class AttemptLog:
-    """The upstream calls of one request. ``pending``: records not written yet; ``written``: records
-    written before a retry."""
+    """The upstream calls of one request (``all``, in call order), each journaled when it ends."""
 
     def __init__(self, record: audit.RequestRecord, targets: tuple[UpstreamTarget, ...]) -> None:
         self.record = record
         self._targets = targets
         self._secrets: frozenset[str] | None = None
-        self.pending: list[audit.AttemptRecord] = []
-        self.written: list[audit.AttemptRecord] = []
-
-    @property
-    def all(self) -> list[audit.AttemptRecord]:
-        """Every record, in call order."""
-        return self.written + self.pending
+        self.all: list[audit.AttemptRecord] = []
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -90,9 +78,10 @@ class AttemptLog:
         if fields.get("body"):
             fields["body"] = redact(fields["body"].decode("utf-8", "replace"), self.secrets).encode()
         duration = ((ended if ended is not None else time.monotonic()) - started) * 1000
-        record = audit.AttemptRecord(number=len(self.written) + len(self.pending), upstream_id=target.upstream_id,
+        record = audit.AttemptRecord(number=len(self.all), upstream_id=target.upstream_id,
                                      upstream_model=target.model, outcome=outcome, duration_ms=duration, **fields)
-        self.pending.append(record)
+        self.all.append(record)
+        audit.attempt_finished(request=self.record, attempt=record)
         return record
 
     def scrub(self, decision: Decision) -> Decision:
@@ -130,13 +119,3 @@ class AttemptLog:
         self.add(target, "upstream-error", started, abort_reason=str(exc), findings=decision.findings,
                  upstream_status=upstream_status)
         return decision
-
-    async def flush(self) -> None:
-        """Write the pending records now (before a retry); a failed write is logged, never raised."""
-        records, self.pending = self.pending, []
-        for attempt in records:
-            try:
-                await database_sync_to_async(audit.attempt_record)(request=self.record, attempt=attempt)
-            except Exception:  # an audit failure must never fail the client's request
-                logger.exception("audit write failed")
-            self.written.append(attempt)

@@ -30,18 +30,25 @@ from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
 from proxy.upstream import get_client
-from tenants.auth import KeyRefused, Principal, authorize
+from tenants.auth import AuthUnavailable, KeyRefused, Principal, authorize
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a client is asked to wait when its key cannot be checked (the database is unavailable).
+AUTH_RETRY_AFTER = 5.0
+
 
 class RequestError(Exception):
-    """A client error detected before any upstream call: becomes an HTTP error in the client's protocol."""
+    """A request refused before any upstream call: becomes an HTTP error in the client's protocol.
+
+    ``retry_after`` (seconds) marks a refusal the client may retry (``x-should-retry: true``).
+    """
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.retry_after = retry_after
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str:
@@ -74,9 +81,14 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 async def principal_of(scope: Mapping[str, Any]) -> Principal:
-    """The caller's principal; ``RequestError`` 401 for a bad key, 403 for a disabled tenant."""
+    """The caller's principal; ``RequestError`` 401 for a bad key, 403 for a disabled tenant, 503 (retryable)
+    when the key is not known and the database cannot be asked."""
     try:
         return await authorize(api_key_from(scope))
+    except AuthUnavailable:
+        raise RequestError(503, "the key cannot be checked right now (the proxy's database is unavailable); "
+                           "retry shortly", type="server_error", code="auth_unavailable",
+                           retry_after=AUTH_RETRY_AFTER) from None
     except KeyRefused as refused:
         if refused.reason == "disabled":
             raise RequestError(403, "this tenant is disabled", type="permission_error",
@@ -141,7 +153,9 @@ class ProxyConsumer(AsyncConsumer):
                 raise RequestError(405, f"method {self.scope.get('method')} not allowed", code="method_not_allowed")
             await endpoint.serve(self, body)
         except RequestError as exc:
-            await response.error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+            retryable = exc.retry_after is not None
+            await response.error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code,
+                                 should_retry=retryable, retry_after=exc.retry_after)
         except RequestInvalid as exc:
             await response.error(400, exc.message, type="invalid_request_error", param=exc.param, code=exc.code)
         except asyncio.CancelledError:

@@ -70,9 +70,15 @@ class _Path(abc.ABC):
         self.client = relay.client
 
     def open(self, target: UpstreamTarget, *, ask_usage: bool = False) -> Any:
-        """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``)."""
-        return self.client.open(target, self.request, ask_usage=ask_usage,
+        """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``), its
+        deadlines shortened to what the request deadline and the retry budget leave."""
+        first_byte, idle = self.relay.timeouts(target)
+        return self.client.open(target, self.request, ask_usage=ask_usage, first_byte=first_byte, idle=idle,
                                 max_output_tokens=self.call.plan.max_output_tokens)
+
+    async def interrupted(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        """The attempt under way was cut by the request deadline (``exc``): record it like a timeout."""
+        return await self._broke(target, started, exc)
 
     async def attempt(self, number: int, target: UpstreamTarget) -> Attempted:
         """One upstream call; transport failures become their decision."""
@@ -98,7 +104,8 @@ class _Path(abc.ABC):
         response, emitter = self.response, self.call.emitter
         error = answer.error
         if answer.kind is AnswerKind.HTTP_ERROR and error is not None:
-            await response.error(error.status, error.message, type=error.type, code=error.code)
+            await response.error(error.status, error.message, type=error.type, code=error.code,
+                                 should_retry=answer.retryable, retry_after=error.retry_after)
         elif answer.kind is AnswerKind.STREAM_ERROR and error is not None:
             await response.end(emitter.close_error(error))
         else:

@@ -7,8 +7,9 @@ upstream call; the loop here decides whether to retry, waits between retries, an
 attempts run out asks ``proxy.guard.answer.answer_for`` what the client gets. The request outcome
 is set once, when the request ends.
 
-Audit rows are written off the byte path: a failed attempt is written before its retry starts,
-the rest in a background task once the response has ended.
+Audit records go to the process's journal at once (``audit.services``): the request's start, each
+attempt when it ends (before any retry), the request's end; the journal writer moves them into the
+database off the byte path.
 """
 
 from __future__ import annotations
@@ -18,23 +19,21 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
 from audit import services as audit
 from proxy import metrics
 from proxy.attempts import AttemptLog
-from proxy.background import drain_background, schedule
+from proxy.background import drain_background
 from proxy.guard.answer import RequestOutcome, answer_for
 from proxy.guard.emit import Emitter
 from proxy.guard.request import ChatRequest
 from proxy.guard.turn import Decision, Outcome, UpstreamError
-from proxy.paths import Guarded, NonStream, PassThrough
+from proxy.paths import Attempted, Guarded, NonStream, PassThrough
 from proxy.response import ClientResponse
-from proxy.upstream import UpstreamClient
-from tenants.auth import Principal, RoutePlan
+from proxy.upstream import DeadlineExceeded, UpstreamClient
+from tenants.auth import Principal, RoutePlan, UpstreamTarget
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +66,6 @@ class RelayCall:
         return "pass-through" if self.forwards_raw else "guarded"
 
 
-async def _write_final(**kwargs: Any) -> None:
-    try:
-        await database_sync_to_async(audit.request_finish)(**kwargs)
-    except Exception:  # an audit failure must never fail the client's request
-        logger.exception("audit write failed")
-    finally:
-        metrics.IN_FLIGHT.dec()
-
-
 def retryable(decision: Decision) -> bool:
     """True when asking the upstream again can help: broken model output, or a retryable error."""
     return decision.outcome == Outcome.RETRY or (decision.error is not None and decision.error.retryable)
@@ -101,6 +91,9 @@ class Relay:
             upstream_model=first.model, fragments=call.plan.policy.fragments,
         )
         self.log = AttemptLog(record, call.plan.targets)
+        self.deadline = response.started + call.plan.deadline  # monotonic seconds
+        self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
+        self._last: Attempted | None = None
         self.attempts_made = 0
         self.outcome = RequestOutcome.UPSTREAM_ERROR
         self.error = ""
@@ -108,6 +101,7 @@ class Relay:
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
         metrics.IN_FLIGHT.inc()
+        audit.request_started(request=self.log.record)
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -121,46 +115,84 @@ class Relay:
             self.response.release()
             self._finish()
 
-    async def _serve(self) -> None:
+    def _path(self) -> PassThrough | Guarded | NonStream:
         call = self.call
         if not call.request.stream:
-            path: PassThrough | Guarded | NonStream = NonStream(self)
-        elif call.forwards_raw:
-            path = PassThrough(self)
-        else:
-            path = Guarded(self)
-            self.response.hold(call.plan.policy.commit_deadline, call.plan.policy.keepalive_interval)
-        decision: Decision | None = None
-        for attempt, target in call.plan.attempts():
-            if decision is not None:
-                await self.log.flush()  # the failed attempt is on record before its retry starts
-                await self._backoff(attempt - 1, decision.error)
-            self.attempts_made = attempt + 1
-            result = await path.attempt(attempt, target)
-            if result.delivered:
-                self.outcome, self.error = result.outcome, result.error
-                return
-            decision = result.decision
-            if not retryable(decision):
-                break
-        assert decision is not None, "a plan has at least one attempt"
-        answer = answer_for(decision, committed=self.response.committed, stream=call.request.stream,
+            return NonStream(self)
+        if call.forwards_raw:
+            return PassThrough(self)
+        self.response.hold(call.plan.policy.commit_deadline, call.plan.policy.keepalive_interval)
+        return Guarded(self)
+
+    async def _serve(self) -> None:
+        call = self.call
+        path = self._path()
+        try:
+            async with asyncio.timeout_at(self.deadline):  # the loop's clock is time.monotonic()
+                result = await self._attempts(path)
+        except TimeoutError:
+            result = await self._deadline_passed(path)
+        if result.delivered:
+            self.outcome, self.error = result.outcome, result.error
+            return
+        answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
                             checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
                             request_id=str(self.response.request_id))
         self.outcome, self.error = answer.outcome, answer.audit_error
         await path.give_up(answer)
 
-    async def _backoff(self, attempt: int, error: UpstreamError | None) -> None:
+    async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
+        """Attempt after attempt until one is delivered, the failure is not retryable, the policy's retries
+        or the retry budget are spent; returns the last attempt's result."""
+        result: Attempted | None = None
+        budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
+        for attempt, target in self.call.plan.attempts():
+            if result is not None:
+                if not await self._backoff(attempt - 1, result.decision.error, budget_end):
+                    break
+            self.attempts_made = attempt + 1
+            self._current = (target, time.monotonic())
+            result = self._last = await path.attempt(attempt, target)
+            self._current = None
+            if result.delivered or not retryable(result.decision):
+                break
+        assert result is not None, "a plan has at least one attempt"
+        return result
+
+    async def _deadline_passed(self, path: PassThrough | Guarded | NonStream) -> Attempted:
+        """The request deadline cut the attempt under way (recorded as a timeout), or the wait before a retry."""
+        exc = DeadlineExceeded(self.call.plan.deadline)
+        if self._current is not None:
+            return await path.interrupted(*self._current, exc)
+        if self._last is not None:
+            return self._last
+        return await path.interrupted(self.call.plan.target(0), self.response.started, exc)
+
+    def timeouts(self, target: UpstreamTarget) -> tuple[float, float]:
+        """``(first_byte, idle)`` seconds for the next call to ``target``: its own deadlines, shortened to the
+        time left before the request deadline and, for a retry, before the end of the retry budget."""
+        now = time.monotonic()
+        left = self.deadline - now
+        first_byte = min(target.first_byte_timeout, left)
+        if self.attempts_made > 1:
+            first_byte = min(first_byte, self.response.started + settings.RETRY_BUDGET_SECONDS - now)
+        return max(0.001, first_byte), max(0.001, min(target.idle_timeout, left))
+
+    async def _backoff(self, attempt: int, error: UpstreamError | None, budget_end: float) -> bool:
         """Wait before retry ``attempt`` + 1: Retry-After within a bound, jittered exponential for 429/5xx,
-        nothing for broken model output (asking again at once is the point)."""
-        if error is None or not (error.status == 429 or error.status >= 500):
-            return
-        cap = settings.RETRY_AFTER_MAX_SECONDS
-        if error.retry_after is not None:
-            delay = min(error.retry_after, cap)
-        else:
-            delay = min(cap, settings.RETRY_BACKOFF_BASE_SECONDS * 2**attempt) * (0.5 + random.random() / 2)  # noqa: S311
+        nothing for broken model output (asking again at once is the point). False when the retry budget
+        (``RETRY_BUDGET_SECONDS`` since the request arrived) does not leave room for the retry."""
+        delay = 0.0
+        if error is not None and (error.status == 429 or error.status >= 500):
+            cap = settings.RETRY_AFTER_MAX_SECONDS
+            if error.retry_after is not None:
+                delay = min(error.retry_after, cap)
+            else:
+                delay = min(cap, settings.RETRY_BACKOFF_BASE_SECONDS * 2**attempt) * (0.5 + random.random() / 2)  # noqa: S311
+        if time.monotonic() + delay >= budget_end:
+            return False
         await asyncio.sleep(max(0.0, delay))
+        return True
 
     def _finish(self) -> None:
         attempts = self.log.all
@@ -181,5 +213,5 @@ class Relay:
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error,
         )
         metrics.observe_request(self.call.principal.slug, self.call.path, self.outcome.value, response.ttft)
-        schedule(_write_final(request=self.log.record, result=result, attempts=list(self.log.pending),
-                              exists=bool(self.log.written)))
+        audit.request_finished(request=self.log.record, result=result)
+        metrics.IN_FLIGHT.dec()

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -148,17 +149,20 @@ class ClientResponse:
     # ----- the error path -----
 
     async def error(self, status: int, message: str, *, type: str, code: str | None = None,
-                    param: str | None = None, should_retry: bool | None = False) -> None:
+                    param: str | None = None, should_retry: bool | None = False,
+                    retry_after: float | None = None) -> None:
         """An error in the client's protocol; the message always carries the request id.
 
-        Before the commit: HTTP ``status`` with the dialect's error body. After it (the commit deadline
-        committed the stream meanwhile): the emitter's in-stream error, ending the stream.
+        Before the commit: HTTP ``status`` with the dialect's error body (and ``Retry-After`` in whole
+        seconds when given). After it (the commit deadline committed the stream meanwhile): the
+        emitter's in-stream error, ending the stream.
         """
         text = f"{message} (request id: {self.request_id})"
         async with self._lock:
             if self.phase is Phase.NOT_STARTED:
                 body = self.error_body(status, text, type=type, param=param, code=code)
-                await self.send_json(status, body, should_retry=should_retry)
+                headers = [(b"retry-after", str(max(1, math.ceil(retry_after))).encode())] if retry_after else []
+                await self.send_json(status, body, should_retry=should_retry, headers=headers)
                 return
         await self.end_with_error(UpstreamError(status, text, type, code=code))
 

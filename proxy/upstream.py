@@ -46,6 +46,14 @@ class UpstreamTimeout(Exception):
         self.phase = phase
 
 
+class DeadlineExceeded(UpstreamTimeout):
+    """The whole request's deadline passed (``RoutePlan.deadline``) while the upstream was still at it."""
+
+    def __init__(self, seconds: float) -> None:
+        Exception.__init__(self, f"the request deadline of {seconds:g} s passed")
+        self.phase = "request"
+
+
 class UpstreamUnavailable(Exception):
     """The upstream could not be reached (connect refused, DNS, TLS, connection reset)."""
 
@@ -271,8 +279,12 @@ class UpstreamClient:
 
     @contextlib.asynccontextmanager
     async def open(self, target: UpstreamTarget, request: ChatRequest, *, ask_usage: bool = False,
-                   max_output_tokens: int | None = None) -> AsyncIterator[UpstreamResponse]:
+                   max_output_tokens: int | None = None, first_byte: float | None = None,
+                   idle: float | None = None) -> AsyncIterator[UpstreamResponse]:
         """POST ``request`` (``upstream_body``) to ``{base_url}/chat/completions``; yield the open response.
+
+        ``first_byte`` / ``idle`` (seconds) shorten the upstream's own deadlines (the relay's request
+        deadline and retry budget); they never lengthen them.
 
         An answer refusing ``stream_options`` is asked again once without it (``UpstreamResponse.refusals``
         holds the refused answer). The response is closed when the context exits, also on cancellation
@@ -283,8 +295,10 @@ class UpstreamClient:
         drop = target.upstream_id in self._refuses_stream_options
         body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
                                     drop_stream_options=drop)
+        first_byte = min(target.first_byte_timeout, first_byte if first_byte is not None else target.first_byte_timeout)
+        idle = min(target.idle_timeout, idle if idle is not None else target.idle_timeout)
         started = time.monotonic()
-        response = await self._send(target, headers, body)
+        response = await self._send(target, headers, body, first_byte)
         refusals: tuple[Refusal, ...] = ()
         prefetched = None
         try:
@@ -298,9 +312,8 @@ class UpstreamClient:
                     await response.aclose()
                     body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
                                                 drop_stream_options=True)
-                    response, prefetched = await self._send(target, headers, body), None
-            yield UpstreamResponse(response.status_code, response.headers, response, target.idle_timeout,
-                                   asked, refusals, prefetched)
+                    response, prefetched = await self._send(target, headers, body, first_byte), None
+            yield UpstreamResponse(response.status_code, response.headers, response, idle, asked, refusals, prefetched)
         finally:
             await response.aclose()
 
@@ -313,16 +326,17 @@ class UpstreamClient:
             raise UpstreamMisconfigured(f"the stored credential of upstream {target.name!r} cannot be decrypted "
                                         "with the configured CREDENTIAL_KEYS; an operator must re-enter it") from None
 
-    async def _send(self, target: UpstreamTarget, headers: dict[str, str], body: bytes) -> httpx.Response:
+    async def _send(self, target: UpstreamTarget, headers: dict[str, str], body: bytes,
+                    first_byte: float) -> httpx.Response:
         request = self._client.build_request(
             "POST", f"{target.base_url}/chat/completions", content=body, headers=headers,
             extensions={"timeout": {"connect": target.connect_timeout, "read": None, "write": 30.0, "pool": 30.0}},
         )
         try:
-            async with asyncio.timeout(target.first_byte_timeout):
+            async with asyncio.timeout(first_byte):
                 return await self._client.send(request, stream=True)
         except TimeoutError:
-            raise UpstreamTimeout("response", target.first_byte_timeout) from None
+            raise UpstreamTimeout("response", first_byte) from None
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("connection", target.connect_timeout) from exc
         except httpx.TransportError as exc:

@@ -360,7 +360,8 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
 
     class Meta:
         model = Upstream
-        fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout")
+        fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout",
+                  "request_deadline")
 
     def clean(self) -> dict[str, Any]:
         """Stored secrets stay bound to the host they were entered for: moving the upstream to another
@@ -418,7 +419,8 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
         (None, {"fields": ("tenant", "name", "base_url", "enabled", "created")}),
         ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential",
                                 "extra_headers_state", "new_extra_headers", "clear_extra_headers")}),
-        ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout")}),
+        ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout",
+                                           "request_deadline")}),
     )
 
     @admin.display(description="credential", ordering="credential_hint")
@@ -493,7 +495,8 @@ class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
     list_select_related = ("tenant", "upstream")
     readonly_fields = ("created",)
     fieldsets = (
-        (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens", "created")}),
+        (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
+                           "request_deadline", "created")}),
         ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
                                     "description": POLICY_HELP.format("the tenant's value")}),
     )

@@ -9,23 +9,35 @@ expiry (the bound on how long a revoked key keeps working is unchanged).
 
 A ``Principal`` is frozen and ORM-free: tenant, key, routes with their guard policies and upstream
 targets (credentials still encrypted), so nothing on the event loop touches a model instance.
+
+Serving without the database: lookups run in auth threads of their own with a client-side deadline;
+when the database is down, slow or frozen a key is served from its last good answer
+(``tenants.last_good``: shared through Redis or a local file, at most ``AUTH_STALE_SECONDS`` old);
+a key with no such answer gets ``AuthUnavailable`` (the consumer answers 503 with ``Retry-After``),
+never a 401 or a guess. A refused key is cached as refused and forgotten by the last-good store, so
+the stale window never extends a revoked key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import fnmatch
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import connections
+from django.db.utils import Error as DatabaseError
 
 from proxy.background import schedule
+from proxy.dbcall import bounded
 from proxy.guard.policy import GuardPolicy
+from tenants import last_good
 from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream
 
 logger = logging.getLogger(__name__)
@@ -56,17 +68,23 @@ class UpstreamTarget:
     connect_timeout: float
     first_byte_timeout: float
     idle_timeout: float
+    request_deadline: float | None = None  # the upstream's own bound on a whole request
 
 
 @dataclass(frozen=True, slots=True)
 class RoutePlan:
-    """A resolved model: ``targets[0]`` serves attempt 0, ``targets[k]`` retry k (the last repeats)."""
+    """A resolved model: ``targets[0]`` serves attempt 0, ``targets[k]`` retry k (the last repeats).
+
+    ``deadline``: seconds a whole request may take, the smallest of ``REQUEST_DEADLINE_SECONDS``, the
+    route's and every target upstream's own (tenant values can only shorten the server's).
+    """
 
     public_model: str
     route_id: int | None
     targets: tuple[UpstreamTarget, ...]
     max_output_tokens: int | None
     policy: GuardPolicy
+    deadline: float = 600.0
 
     def target(self, attempt: int) -> UpstreamTarget:
         """The target for 0-based ``attempt``: the primary, then fallbacks in order, then the last one again."""
@@ -89,6 +107,7 @@ class Route:
     targets: tuple[tuple[UpstreamTarget, str], ...]
     max_output_tokens: int | None
     policy: GuardPolicy
+    request_deadline: float | None = None
 
     def matches(self, model: str) -> bool:
         """True when ``model`` is this route's name or matches its glob."""
@@ -118,9 +137,11 @@ class Principal:
             if not route.targets:
                 return None
             targets = tuple(dataclasses.replace(t, model=m or model) for t, m in route.targets)
-            return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy)
+            return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy,
+                             _deadline(route.request_deadline, targets))
         if self.default_target is not None:
-            return RoutePlan(model, None, (dataclasses.replace(self.default_target, model=model),), None, self.policy)
+            targets = (dataclasses.replace(self.default_target, model=model),)
+            return RoutePlan(model, None, targets, None, self.policy, _deadline(None, targets))
         return None
 
     def model_names(self) -> list[str]:
@@ -129,13 +150,19 @@ class Principal:
         return sorted(r.public_name for r in self.routes if not r.is_glob)
 
 
+def _deadline(route: float | None, targets: tuple[UpstreamTarget, ...]) -> float:
+    """The effective request deadline in seconds (see ``RoutePlan``)."""
+    own = [d for d in (route, *(t.request_deadline for t in targets)) if d]
+    return min([float(settings.REQUEST_DEADLINE_SECONDS), *own])
+
+
 def _target(upstream: Upstream) -> UpstreamTarget:
     return UpstreamTarget(
         upstream_id=upstream.pk, name=upstream.name, base_url=upstream.base_url.rstrip("/"), model="",
         credential_encrypted=upstream.credential_encrypted,
         extra_headers_encrypted=upstream.extra_headers_encrypted,
         connect_timeout=upstream.connect_timeout, first_byte_timeout=upstream.first_byte_timeout,
-        idle_timeout=upstream.idle_timeout,
+        idle_timeout=upstream.idle_timeout, request_deadline=upstream.request_deadline,
     )
 
 
@@ -152,7 +179,7 @@ def _principal(key: ApiKey) -> Principal:
                    if fb.upstream.tenant_id == tenant.pk))
         targets = tuple((_target(up), model) for up, model in pairs if up.enabled)
         routes.append(Route(route.pk, route.public_name, route.is_glob, targets, route.max_output_tokens,
-                            tenant.policy(route.policy_overrides())))
+                            tenant.policy(route.policy_overrides()), route.request_deadline))
     default = tenant.default_upstream if tenant.default_upstream_id else None
     usable = default is not None and default.tenant_id == tenant.pk and default.enabled
     return Principal(tenant.pk, tenant.slug, tenant.active, key.pk, tuple(routes),
@@ -258,25 +285,70 @@ def principal_for_key(raw: str, *, refresh: bool = False) -> Principal | None:
     return principal
 
 
+class AuthUnavailable(Exception):
+    """The key is not known and the database cannot be asked now: answer 503 with ``Retry-After``."""
+
+
+#: Auth lookups run here, never in Channels' single database thread (shared with every other ORM call
+#: of the process) and never on the event loop; each call is bounded (``proxy.dbcall.bounded``).
+_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolrelay-auth")
+
+
+def _lookup(raw: str, refresh: bool) -> Principal | None:
+    """A database lookup from an auth thread; the answer becomes the key's last good one (or forgets it).
+
+    The thread's connection is closed afterwards: lookups are rare (one per key per cache lifetime) and
+    an idle connection per auth thread would outlive every use of it.
+    """
+    try:
+        principal = bounded(lambda: principal_for_key(raw, refresh=refresh), timeout=settings.DB_CALL_TIMEOUT_SECONDS)
+    finally:
+        connections.close_all()
+    last_good.remember(ApiKey.compute_digest(raw), principal)
+    return principal
+
+
+async def _ask(raw: str, *, refresh: bool = False) -> Principal | None:
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(_LOOKUPS, _lookup, raw, refresh)
+    return await asyncio.wait_for(future, timeout=settings.DB_CALL_TIMEOUT_SECONDS + 1)
+
+
 async def _refresh(raw: str) -> None:
     try:
-        await database_sync_to_async(principal_for_key)(raw, refresh=True)
-    except Exception:  # the cached answer stays until it expires; the next reader tries again
-        logger.exception("API key refresh failed")
+        await _ask(raw, refresh=True)
+    except Exception as exc:  # noqa: BLE001 - the cached answer stays until it expires; then the last good one
+        logger.warning("API key refresh failed: %s", exc)
+        key_cache.release(ApiKey.compute_digest(raw))
+
+
+async def _looked_up(raw: str, digest: str) -> Principal | None:
+    """The database's answer, else (database down, slow or frozen) the key's last good principal."""
+    try:
+        return await _ask(raw)
+    except (DatabaseError, TimeoutError) as exc:
+        stale: Principal | None = await asyncio.get_running_loop().run_in_executor(None, last_good.recall, digest)
+        if stale is None:
+            raise AuthUnavailable(str(exc)) from None
+        logger.warning("database unavailable (%s): serving key %s from its last good answer", exc, digest[:8])
+        key_cache.put(digest, stale)
+        return stale
 
 
 async def authorize(raw: str) -> Principal:
-    """The principal of API key ``raw``; ``KeyRefused`` when it cannot be used.
+    """The principal of API key ``raw``; ``KeyRefused`` when it cannot be used, ``AuthUnavailable`` when it
+    is not known and the database cannot be asked.
 
     Safe on the event loop: a cached answer is returned at once (a refresh is scheduled past half its
-    lifetime); a miss reads the database in Channels' database thread.
+    lifetime); a miss asks the database from an auth thread, bounded by ``DB_CALL_TIMEOUT_SECONDS``, and
+    falls back to the key's last good answer within ``AUTH_STALE_SECONDS``.
     """
     if parse_api_key(raw) is None:
         raise KeyRefused("invalid")
     digest = ApiKey.compute_digest(raw)
     found, principal = key_cache.get(digest)
     if not found:
-        principal = await database_sync_to_async(principal_for_key)(raw)
+        principal = await _looked_up(raw, digest)
     elif key_cache.claim_refresh(digest):
         schedule(_refresh(raw))
     if principal is None:

@@ -167,6 +167,10 @@ class Upstream(models.Model):
     connect_timeout = models.FloatField(default=10.0, validators=[MinValueValidator(0.1)])
     first_byte_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
     idle_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
+    request_deadline = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1.0)],
+        help_text="Longest a whole request through this upstream may take, in seconds (blank: the server's "
+                  "REQUEST_DEADLINE_SECONDS; a value can only shorten it).")
     enabled = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -222,6 +226,10 @@ class ModelRoute(PolicyFields):
     upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="routes")
     upstream_model = models.CharField(max_length=200, blank=True)
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    request_deadline = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1.0)],
+        help_text="Longest a whole request on this route may take, in seconds (blank: the upstream's or the "
+                  "server's; a value can only shorten them).")
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

@@ -10,8 +10,14 @@
   (401/403/407: never the client's key); a non-retryable upstream error passed on with its status;
   else ``upstream_failed`` with 429/504 kept and 502 for the rest.
 - After the commit: a non-retryable upstream error in-stream as itself; broken model output with
-  the exhaustion policy ``error`` as an in-stream ``upstream_failed``; anything else as the terminal
-  message.
+  the exhaustion policy ``error`` as an in-stream ``upstream_failed``; broken model output otherwise
+  as the terminal message.
+- Retries that ended because the upstream is unreachable or too slow (transport errors, 5xx, 429,
+  timeouts, the request deadline) rather than because its output was broken: a *retryable* error,
+  so agents back off and try again (issue: fault tolerance, item 3): before the commit HTTP 429 /
+  502 / 503 / 504 with ``x-should-retry: true`` and ``Retry-After`` where the upstream gave one;
+  after it the protocol's in-stream error (OpenAI error chunk, Anthropic ``error`` event,
+  Responses ``response.failed``).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Answer:
     outcome: RequestOutcome
     reason: str
     error: UpstreamError | None = None
+    retryable: bool = False  # the client may ask again (x-should-retry: true, Retry-After)
 
     @property
     def audit_error(self) -> str:
@@ -90,6 +97,8 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
     error = decision.error
     retryable = error is None or error.retryable
     reason = error.message if error is not None else decision.reason
+    if error is not None and retryable and not model_failure(decision):
+        return _unavailable(error, committed=committed, attempts=attempts, request_id=request_id)
     message_ok = checked and retryable and model_failure(decision) and policy.exhaustion == Exhaustion.MESSAGE
     if not committed and not message_ok:
         return _http_error(decision, attempts)
@@ -100,6 +109,25 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
                                "upstream_error", code="upstream_failed")
         return Answer(AnswerKind.STREAM_ERROR, RequestOutcome.EXHAUSTED, reason, failed)
     return Answer(AnswerKind.EXHAUSTED, RequestOutcome.EXHAUSTED, reason)
+
+
+def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, request_id: str) -> Answer:
+    """The retryable answer when the upstream could not be reached or was too slow."""
+    if error.status == 429:
+        status, code = 429, "upstream_rate_limited"
+    elif error.status == 504 or error.type == "upstream_timeout":
+        status, code = 504, "upstream_timeout"
+    elif error.status in (503, 529):
+        status, code = 503, "upstream_overloaded"
+    else:
+        status, code = 502, "upstream_unavailable"
+    message = f"the upstream failed {attempts} time(s): {error.message}; try again later"
+    if committed:
+        message += f" (request id: {request_id})"
+    unavailable = UpstreamError(status, message, "upstream_error", code=code, retryable=True,
+                                retry_after=error.retry_after)
+    kind = AnswerKind.STREAM_ERROR if committed else AnswerKind.HTTP_ERROR
+    return Answer(kind, RequestOutcome.UPSTREAM_ERROR, error.message, unavailable, retryable=True)
 
 
 def _http_error(decision: Decision, attempts: int) -> Answer:

@@ -79,7 +79,8 @@ def proxy_server(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory:
         database_url = _database_url()
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
            "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
-           "LOG_LEVEL": "WARNING"}
+           "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(tmp_path_factory.mktemp("journal")),
+           "JOURNAL_BATCH_SECONDS": "0.02"}
     handle = log.open("wb")
     process = subprocess.Popen(  # noqa: S603 - fixed argv
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
@@ -179,11 +180,17 @@ def _proxy_quiet_after_test(request: pytest.FixtureRequest, transactional_db: An
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
-        line = next((x for x in metrics.splitlines() if x.startswith("toolrelay_requests_in_flight ")), "")
-        if line and float(line.split()[1]) == 0:
+        backlog = httpx.get(f"{server.url}/readyz", timeout=5).json()["journal_backlog_bytes"]  # live, not a gauge
+        if _gauge(metrics, "toolrelay_requests_in_flight") == 0 and backlog == 0:
             return
         time.sleep(0.05)
-    raise AssertionError("the proxy still has requests in flight 15 s after the test")
+    raise AssertionError("the proxy still has requests in flight or audit records unwritten 15 s after the test")
+
+
+def _gauge(metrics: str, name: str) -> float:
+    """A gauge's value in a Prometheus exposition (0 when the gauge has no sample yet)."""
+    line = next((x for x in metrics.splitlines() if x.startswith(f"{name} ")), "")
+    return float(line.split()[1]) if line else 0.0
 
 
 #: The proxy asks guarded upstreams for usage, so their usage-only chunk is the protocol, not the

@@ -18,6 +18,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from audit.journal_writer import drained
 from audit.models import ProxyRequest
 from proxy.dialect import OPENAI_CHAT
 from proxy.guard.emit_openai import OpenAIChatEmitter
@@ -159,6 +160,7 @@ async def run(request: RelayCall, client: UpstreamClient) -> tuple[Recorder, Cli
     response = client_response(recorder)
     await Relay(request, response, client).run()
     await drain_background()
+    assert await sync_to_async(drained)()
     return recorder, response
 
 
@@ -234,6 +236,7 @@ async def test_it_closes_the_upstream_when_the_client_goes_away(make_request: An
     with pytest.raises(asyncio.CancelledError):
         await task
     await drain_background()
+    assert await sync_to_async(drained)()
     assert closed == [0]
     row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
     assert row.outcome == "client-cancelled"

@@ -47,14 +47,26 @@ def test_it_answers_a_pass_through_only_with_errors() -> None:
     assert a.outcome is RequestOutcome.EXHAUSTED
 
 
-def test_it_keeps_timeouts_and_rate_limits_as_their_status_before_the_commit() -> None:
-    """Unreachable or slow upstreams: an HTTP error; 429/504 keep their status, the rest is 502."""
-    a = answer(TIMEOUT)
-    assert (a.kind, error_of(a).status, a.outcome) == (AnswerKind.HTTP_ERROR, 504,
-                                                   RequestOutcome.UPSTREAM_ERROR)
-    assert error_of(a).message == "the upstream failed 3 time(s): no data"
-    busy = Decision(Outcome.UPSTREAM_ERROR, None, error=UpstreamError(503, "busy"))
-    assert error_of(answer(busy)).status == 502
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (UpstreamError(504, "no data", "upstream_timeout"), 504, "upstream_timeout"),
+    (UpstreamError(429, "slow down", retry_after=7.0), 429, "upstream_rate_limited"),
+    (UpstreamError(503, "busy"), 503, "upstream_overloaded"),
+    (UpstreamError(500, "boom"), 502, "upstream_unavailable"),
+    (UpstreamError(502, "refused", "upstream_unavailable"), 502, "upstream_unavailable"),
+])
+def test_it_answers_an_unreachable_or_slow_upstream_with_a_retryable_error(error: UpstreamError, status: int,
+                                                                          code: str) -> None:
+    """Retries spent on transport failures, 5xx, 429 or timeouts: a retryable error with the right status and
+    the upstream's Retry-After, before the commit as HTTP, after it in-stream (with the request id)."""
+    decision = Decision(Outcome.UPSTREAM_ERROR, None, reason=error.message, error=error)
+    before = answer(decision)
+    assert (before.kind, error_of(before).status, error_of(before).code) == (AnswerKind.HTTP_ERROR, status, code)
+    assert before.retryable and error_of(before).retry_after == error.retry_after
+    assert before.outcome is RequestOutcome.UPSTREAM_ERROR
+    assert error_of(before).message == f"the upstream failed 3 time(s): {error.message}; try again later"
+    after = answer(decision, committed=True)
+    assert after.kind is AnswerKind.STREAM_ERROR and after.retryable and "request id: rid" in error_of(after).message
+    assert answer(decision, checked=False).kind is AnswerKind.HTTP_ERROR
 
 
 def test_it_passes_a_request_error_on_with_its_status() -> None:
@@ -82,9 +94,12 @@ def test_it_follows_the_error_exhaustion_policy() -> None:
     assert answer(BROKEN, stream=False, policy=ERROR).kind is AnswerKind.HTTP_ERROR
 
 
-def test_it_answers_a_transport_failure_after_the_commit_with_the_message() -> None:
-    """After the commit, retries spent on timeouts end with the terminal message (the stream is already a 200)."""
-    assert answer(TIMEOUT, committed=True).kind is AnswerKind.EXHAUSTED
+def test_it_keeps_the_terminal_message_for_broken_output_reported_in_band() -> None:
+    """An in-band error chunk (C41) is broken model output, not an unreachable upstream: the message."""
+    inband = Decision(Outcome.UPSTREAM_ERROR, None, (Finding(FindingKind.MID_STREAM_ERROR_CHUNK, Severity.ERROR,
+                                                             Action.RETRY),), error=UpstreamError(502, "overloaded"))
+    assert answer(inband, committed=True).kind is AnswerKind.EXHAUSTED
+    assert answer(inband).kind is AnswerKind.EXHAUSTED
 
 
 def test_it_tells_model_failures_from_transport_failures() -> None:
