@@ -15,7 +15,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import envbool, envfloat, envint, envlist, envstr
+from config.env import envbool, envfloat, envint, envlist, envnetworks, envstr
 
 # Generic Django classes (ModelAdmin[Model], QuerySet[Model]) subscriptable at runtime, as typed.
 django_stubs_ext.monkeypatch()
@@ -51,6 +51,10 @@ UPSTREAM_MAX_KEEPALIVE = envint("UPSTREAM_MAX_KEEPALIVE", 100)
 #: Bound on an upstream's Retry-After that the relay honours (seconds).
 RETRY_AFTER_MAX_SECONDS = envfloat("RETRY_AFTER_MAX_SECONDS", 10.0)
 RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
+#: Networks upstream (and webhook, model-listing) connections may reach although the outbound
+#: address policy (``proxy.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
+#: Operators only (no tenant admin can change it). Empty: public addresses only.
+UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 
