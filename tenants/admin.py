@@ -25,6 +25,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from tenants.admin_site import register_login_trail
 from tenants.models import (
     ApiKey,
     Membership,
@@ -310,6 +311,8 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
         count = 0
         for key in keys:
             api_key_revoke(key=key)
+            # Bulk actions write no history by themselves: one entry per key, as a change page would.
+            self.log_change(request, key, [{"changed": {"fields": ["revoked_at"]}}])
             count += 1
         self.message_user(request, f"Revoked {count} API key(s). Running proxy processes refuse them within "
                                    f"{settings.AUTH_CACHE_SECONDS:g} s.", messages.SUCCESS)
@@ -560,3 +563,8 @@ class MembershipAdmin(TenantScopedAdmin[Membership]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
         return _is_staff(request) and request.user.is_superuser
+
+
+# ----- the login trail (django-axes' records, read-only for superusers) -----
+
+register_login_trail(admin.site)
