@@ -312,7 +312,7 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
         for key in keys:
             api_key_revoke(key=key)
             # Bulk actions write no history by themselves: one entry per key, as a change page would.
-            self.log_change(request, key, [{"changed": {"fields": ["revoked_at"]}}])
+            self.log_change(request, key, "Revoked (action “Revoke the selected API keys”).")
             count += 1
         self.message_user(request, f"Revoked {count} API key(s). Running proxy processes refuse them within "
                                    f"{settings.AUTH_CACHE_SECONDS:g} s.", messages.SUCCESS)

@@ -26,8 +26,9 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import BACKEND_SESSION_KEY, user_login_failed
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from django_otp import user_has_device
+from django_otp import devices_for_user, user_has_device
 from django_otp.forms import OTPAuthenticationFormMixin
+from django_otp.models import Device
 
 #: The session's auth backend when the login came through single sign-on.
 OIDC_BACKEND = "mozilla_django_oidc.auth.OIDCAuthenticationBackend"
@@ -41,10 +42,20 @@ def otp_required(user: Any) -> bool:
 class LoginForm(AdminAuthenticationForm, OTPAuthenticationFormMixin):  # type: ignore[misc]
     """Username, password and, for users with a device, the one-time code (django-otp verifies it)."""
 
+    #: Offered (filled by django-otp) only when the user has several devices.
+    otp_device = forms.CharField(required=False, widget=forms.Select, label="Device")
     otp_token = forms.CharField(
         required=False, label="Authentication code", max_length=16,
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
         help_text="The code from your authenticator app, if you have set up a second factor.")
+
+    def _chosen_device(self, user: Any) -> Device | None:
+        """The chosen device, or the user's only one (django-otp asks for an explicit choice)."""
+        chosen: Device | None = super()._chosen_device(user)
+        if chosen is None:
+            devices = list(devices_for_user(user, confirmed=True))
+            chosen = devices[0] if len(devices) == 1 else None
+        return chosen
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
