@@ -52,7 +52,7 @@ def managed_tenant_ids(request: HttpRequest) -> frozenset[int] | None:
     if visible_tenant_ids(request) is None:
         ids = None
     else:
-        ids = frozenset(Membership.objects.filter(user_id=request.user.pk, role=Membership.ADMIN,
+        ids = frozenset(Membership.objects.filter(user_id=cast(int, request.user.pk), role=Membership.ADMIN,
                                                   tenant__in=visible_tenants(request))
                         .values_list("tenant_id", flat=True))
     request._audit_managed_ids = ids  # type: ignore[attr-defined]

@@ -269,7 +269,7 @@ def is_loopback_name(host: str) -> bool:
 def resolve(host: str, port: int) -> list[IPAddress]:
     """Every address ``host`` resolves to (TCP), in resolver order. Raises ``OSError`` (gaierror)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return unique_addresses(info[4][0] for info in infos)
+    return unique_addresses(str(info[4][0]) for info in infos)
 
 
 def unique_addresses(raw: Iterable[str]) -> list[IPAddress]:

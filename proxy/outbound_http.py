@@ -27,11 +27,11 @@ from proxy.outbound import (
     IPAddress,
     OutboundPolicy,
     OutboundRefused,
-    unique_addresses,
     allowed_addresses,
     current_policy,
     is_loopback_name,
     parse_url,
+    unique_addresses,
 )
 from proxy.outbound import resolve as resolve_sync
 
@@ -74,7 +74,7 @@ class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
         self._resolver = resolver
         self._inner = inner or httpcore.AnyIOBackend()
 
-    async def _addresses(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:
+    async def _addresses(self, host: str, port: int, timeout: float | None) -> list[IPAddress]:  # noqa: ASYNC109
         literal = _literal_or_none(host)
         if literal is not None:
             return literal
@@ -86,7 +86,8 @@ class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
         except OSError as exc:
             raise httpcore.ConnectError(f"{host} cannot be resolved: {exc}") from exc
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
+                          local_address: str | None = None,
                           socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
         """Resolve ``host``, check every address, connect to the first allowed one that answers.
 
@@ -103,7 +104,7 @@ class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
         assert error is not None
         raise error
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
                                   socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
         raise OutboundRefused(f"unix:{path}", path, "unix sockets are not outbound destinations")
 

@@ -459,7 +459,7 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
             return self.fieldsets
         # View-only pages render every field read-only; the write-only inputs have nothing to show,
         # and the URL is shown masked (a row saved before userinfo was refused may hold user:pass@).
-        return [(name, {**opts, "fields": [{"base_url": "shown_url"}.get(f, f) for f in opts["fields"]
+        return [(name, {**opts, "fields": ["shown_url" if f == "base_url" else f for f in opts["fields"]
                                            if f not in SECRET_FORM_FIELDS]})
                 for name, opts in self.fieldsets]
 

@@ -59,7 +59,7 @@ class LoginForm(AdminAuthenticationForm, OTPAuthenticationFormMixin):  # type: i
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
-        user = self.get_user()
+        user: Any = self.get_user()
         if user is None:
             return data
         if user_has_device(user):

@@ -298,7 +298,7 @@ async def test_redirects_are_not_followed(tmp_path: Path) -> None:
     """An allowed upstream that redirects to an internal address does not take the client there."""
     for inner_port, inner in _serve(None):
         for port, seen in _serve(None, redirect_to=f"http://127.0.0.1:{inner_port}/secret"):
-            transport = OutboundTransport(policy=_policy(f"127.0.0.1/32"))
+            transport = OutboundTransport(policy=_policy("127.0.0.1/32"))
             async with httpx.AsyncClient(transport=transport) as client:
                 response = await client.get(f"http://127.0.0.1:{port}/v1/models")
             async with outbound_client(timeout=5) as policy_client:

@@ -27,7 +27,8 @@ def _escaped_everywhere(secret: str) -> list[str]:
         json.dumps(secret)[1:-1].replace("/", "\\/"),                 # the review's `sk-A\/B`
         "".join(f"\\u{ord(c):04x}" for c in secret),
         "".join(f"\\u{ord(c):04X}" if i % 2 else c for i, c in enumerate(secret)),  # a mixture
-        quote(secret, safe=""), re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(secret, safe="")), quote_plus(secret), quote(secret),
+        quote(secret, safe=""), re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(secret, safe="")),
+        quote_plus(secret), quote(secret),
         base64.b64encode(secret.encode()).decode(), base64.urlsafe_b64encode(secret.encode()).decode().rstrip("="),
     ]
 

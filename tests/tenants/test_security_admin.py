@@ -59,7 +59,7 @@ def _login(client: Client, username: str, password: str, **extra: Any) -> Any:
     return _post(client, LOGIN, {"username": username, "password": password, "next": "/admin/"}, **extra)
 
 
-def _staff_login(user: User, password: str = "a-long-staff-password-81") -> Client:
+def _staff_login(user: User, password: str = "a-long-staff-password-81") -> Client:  # noqa: S107
     user.set_password(password)
     user.save()
     client = _csrf_client()
