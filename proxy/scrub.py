@@ -81,7 +81,7 @@ def _derived(secret: str) -> set[str]:
 class Scrubber:
     """A compiled secret set; ``redact`` as the module function. Build with ``scrubber(secrets)``."""
 
-    __slots__ = ("_plain", "_escaped", "_plus")
+    __slots__ = ("_plain", "_escaped", "_always")
 
     def __init__(self, secrets: frozenset[str]) -> None:
         plain: set[str] = set()
@@ -93,20 +93,42 @@ class Scrubber:
         self._plain = tuple(sorted((p for p in plain if len(p) >= MIN_SECRET), key=len, reverse=True))
         escaped = ["".join(_char_pattern(c) for c in value) for value in self._plain]
         self._escaped = re.compile("|".join(escaped)) if escaped else None
-        self._plus = any(" " in value for value in self._plain)
+        # Secrets whose escaped spellings the cheap unescaping below does not reproduce exactly.
+        self._always = any(" " in value or not value.isascii() for value in self._plain)
 
     def redact(self, text: str) -> str:
         """``text`` with every spelling of every secret, and any auth token, as ``[redacted]``."""
         for value in self._plain:
             if value in text:
                 text = text.replace(value, REDACTED)
-        if self._escaped is not None and ("\\" in text or "%" in text or (self._plus and "+" in text)):
-            text = self._escaped.sub(REDACTED, text)
+        if self._escaped is not None and ("\\" in text or "%" in text or (self._always and "+" in text)):
+            unescaped = "" if self._always else _unescaped(text)
+            if self._always or any(value in unescaped for value in self._plain):
+                text = self._escaped.sub(REDACTED, text)
         if "earer" in text or "EARER" in text:
             text = _BEARER.sub(_bearer_token, text)
         if "Basic" in text:
             text = _BASIC.sub(_basic_token, text)
         return text
+
+
+#: JSON escapes and ASCII percent-escapes, undone in one pass to see cheaply whether a secret hides
+#: behind them (the exact, position-keeping replacement is the compiled pattern's job).
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})|\\([\"\\/bfnrt])|%([0-7][0-9a-fA-F])")
+_SHORT = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code, short, percent = match.groups()
+    if code is not None:
+        return chr(int(code, 16))
+    if short is not None:
+        return _SHORT.get(short, short)
+    return chr(int(percent, 16))
+
+
+def _unescaped(text: str) -> str:
+    return _ESCAPE.sub(_unescape, text)
 
 
 def _bearer_token(match: re.Match[str]) -> str:
