@@ -28,6 +28,9 @@ from proxy.simulator import start_in_thread
 ROOT = Path(__file__).resolve().parents[2]
 #: Short-lived auth cache so a revoked key is refused quickly in the tests.
 AUTH_CACHE_SECONDS = "1"
+#: The simulator and the test upstreams listen on loopback, which the outbound address policy
+#: refuses unless allowed: the tests allow it, in Daphne and in this process, as `make run` does.
+ALLOW_LOOPBACK = "127.0.0.0/8"
 
 
 def _free_port() -> int:
@@ -80,7 +83,7 @@ def proxy_server(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory:
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
            "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
            "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(tmp_path_factory.mktemp("journal")),
-           "JOURNAL_BATCH_SECONDS": "0.02"}
+           "JOURNAL_BATCH_SECONDS": "0.02", "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK}
     handle = log.open("wb")
     process = subprocess.Popen(  # noqa: S603 - fixed argv
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
@@ -159,6 +162,12 @@ def audit_rows(django_db_blocker: Any) -> Callable[..., Any]:
         raise AssertionError(f"no finished audit row for request {request_id}")
 
     return fetch
+
+
+@pytest.fixture(autouse=True)
+def _allow_loopback_upstreams(settings: Any) -> None:
+    """Upstreams saved by these tests (the simulator) are on loopback: allowed here as in Daphne."""
+    settings.UPSTREAM_ALLOW_NETWORKS = [ALLOW_LOOPBACK]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

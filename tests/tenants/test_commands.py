@@ -141,8 +141,11 @@ def test_it_rotates_stored_credentials_to_the_newest_key() -> None:
         _run("credential_key", "--rotate")
 
 
+@override_settings(UPSTREAM_ALLOW_NETWORKS=["127.0.0.1/32"])
 def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """First run: a superuser and a demo tenant on the simulator, login and key printed; second run changes nothing."""
+    """First run: a superuser and a demo tenant on the simulator, login and key printed; second run changes nothing.
+
+    The simulator is on loopback: the demo allows it explicitly, as `make run` does (scripts/run.sh)."""
     monkeypatch.delenv("UPSTREAM_URL", raising=False)
     monkeypatch.setenv("SIMULATOR_PORT", "8123")
     first = _run("demo_setup")
@@ -158,6 +161,14 @@ def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "python manage.py apikey create --tenant demo" in second
     assert not RAW_KEY.search(second) and password.group(1) not in second
     assert Tenant.objects.count() == 1 and ApiKey.objects.count() == 1 and User.objects.count() == 1
+
+
+def test_the_demo_names_the_allow_list_when_its_simulator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the allow-list the loopback simulator is refused, with a message that says what to set."""
+    monkeypatch.delenv("UPSTREAM_URL", raising=False)
+    with pytest.raises(CommandError, match="UPSTREAM_ALLOW_NETWORKS=127.0.0.1/32"):
+        _run("demo_setup")
+    assert not Tenant.objects.exists() and not User.objects.exists()
 
 
 def test_it_points_the_demo_at_a_real_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
