@@ -18,12 +18,13 @@ from proxy import metrics
 from proxy.guard.errors import http_error_decision
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.scrub import redact
 from proxy.upstream import (
     Refusal,
     UpstreamMisconfigured,
+    UpstreamRefusedByPolicy,
     UpstreamResponse,
     UpstreamTimeout,
-    redact,
     secrets_of,
 )
 from tenants.auth import UpstreamTarget
@@ -33,7 +34,9 @@ def failure_decision(exc: Exception) -> Decision:
     """The decision for a connection failure or a timeout (``UpstreamMisconfigured`` is not retryable)."""
     if isinstance(exc, UpstreamMisconfigured):
         error = UpstreamError(status=502, message=str(exc), type="upstream_misconfigured", retryable=False)
-        finding = Finding(FindingKind.UPSTREAM_CONNECTION_ERROR, Severity.ERROR, Action.ERROR, str(exc))
+        refused = isinstance(exc, UpstreamRefusedByPolicy)
+        kind = FindingKind.OUTBOUND_ADDRESS_REFUSED if refused else FindingKind.UPSTREAM_CONNECTION_ERROR
+        finding = Finding(kind, Severity.ERROR, Action.ERROR, exc.detail)
         return Decision(Outcome.UPSTREAM_ERROR, None, (finding,), reason=str(exc), error=error)
     if isinstance(exc, UpstreamTimeout):
         error = UpstreamError(status=504, message=str(exc), type="upstream_timeout")
@@ -75,8 +78,11 @@ class AttemptLog:
         metrics.ATTEMPTS.labels(outcome=outcome).inc()
         for finding in fields.get("findings", ()):
             metrics.FINDINGS.labels(kind=finding.kind.value).inc()
-        if fields.get("body"):
-            fields["body"] = redact(fields["body"].decode("utf-8", "replace"), self.secrets).encode()
+        if fields.get("body"):  # surrogateescape: undecodable upstream bytes come back exactly
+            fields["body"] = redact(fields["body"].decode("utf-8", "surrogateescape"),
+                                    self.secrets).encode("utf-8", "surrogateescape")
+        if fields.get("abort_reason"):
+            fields["abort_reason"] = redact(fields["abort_reason"], self.secrets)
         duration = ((ended if ended is not None else time.monotonic()) - started) * 1000
         record = audit.AttemptRecord(number=len(self.all), upstream_id=target.upstream_id,
                                      upstream_model=target.model, outcome=outcome, duration_ms=duration, **fields)
@@ -114,8 +120,9 @@ class AttemptLog:
 
     def transport_failure(self, target: UpstreamTarget, started: float, exc: Exception, *,
                           upstream_status: int | None = None) -> Decision:
-        """Record a connection failure or timeout and return its decision."""
-        decision = failure_decision(exc)
-        self.add(target, "upstream-error", started, abort_reason=str(exc), findings=decision.findings,
+        """Record a connection failure or timeout and return its decision (scrubbed: an httpx error about an
+        illegal header value quotes the value, which may be a secret)."""
+        decision = self.scrub(failure_decision(exc))
+        self.add(target, "upstream-error", started, abort_reason=decision.reason, findings=decision.findings,
                  upstream_status=upstream_status)
         return decision

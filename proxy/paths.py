@@ -33,7 +33,8 @@ from proxy.guard.attempt import AttemptGuard, decide_completion
 from proxy.guard.delivery import Delivery
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.policy import FragmentStorage
-from proxy.guard.turn import Decision, Outcome
+from proxy.guard.turn import Decision, Outcome, Turn
+from proxy.scrub import redact
 from proxy.upstream import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
 from tenants.auth import UpstreamTarget
 
@@ -157,10 +158,10 @@ class PassThrough(_Path):
             return await super()._broke(target, started, exc)
         decision = self.log.transport_failure(target, started, exc, upstream_status=200)
         if not self.response.ended and decision.error is not None:
-            message = f"the upstream stream broke off: {exc} (request id: {self.response.request_id})"
+            message = f"the upstream stream broke off: {decision.reason} (request id: {self.response.request_id})"
             error = dataclasses.replace(decision.error, message=message)
             await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=str(exc))
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=decision.reason)
 
 
 class Guarded(_Path):
@@ -212,7 +213,7 @@ class Guarded(_Path):
             return Attempted(decision)
         for delta in self.delivery.settle(decision.turn):
             await self._text(delta)
-        await self.response.end(self.call.emitter.close(decision.turn))
+        await self.response.end(self.call.emitter.close(redact_turn(decision.turn, self.log.secrets)))
         return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
 
     async def _handle(self, events: list[Any]) -> Abort | None:
@@ -229,7 +230,8 @@ class Guarded(_Path):
         return abort
 
     async def _text(self, delta: TextDelta) -> None:
-        await self.response.stream(self.call.emitter.text(delta.choice, delta.channel, delta.text))
+        text = redact(delta.text, self.log.secrets)  # an upstream echoing toolrelay's credential
+        await self.response.stream(self.call.emitter.text(delta.choice, delta.channel, text))
 
 
 class NonStream(_Path):
@@ -251,7 +253,7 @@ class NonStream(_Path):
                      completion_tokens=completion, bytes_received=len(body), body=body)
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
-        await self.response.send_json(200, self.call.emitter.complete(decision.turn))
+        await self.response.send_json(200, self.call.emitter.complete(redact_turn(decision.turn, self.log.secrets)))
         return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
 
     async def _forward(self, target: UpstreamTarget, started: float, body: bytes, content_type: str) -> Attempted:
@@ -266,6 +268,19 @@ class NonStream(_Path):
         await self.response.start(200, [(b"content-type", content_type.encode("latin-1"))])
         await self.response.end(body)
         return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)
+
+
+def redact_turn(turn: Turn, secrets: frozenset[str]) -> Turn:
+    """``turn`` with upstream credentials redacted from its texts and tool-call arguments (an upstream that
+    echoes the key it was sent must not hand it to the client or to a tool)."""
+    def scrubbed(text: str | None) -> str | None:
+        return redact(text, secrets) if text else text
+
+    choices = [dataclasses.replace(c, content=scrubbed(c.content), reasoning=scrubbed(c.reasoning),
+                                   tool_calls=[dataclasses.replace(t, arguments=redact(t.arguments, secrets))
+                                               for t in c.tool_calls])
+               for c in turn.choices]
+    return dataclasses.replace(turn, choices=choices)
 
 
 def usage_from_tail(tail: bytes) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ import contextlib
 import functools
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ import httpx
 from django.conf import settings
 
 from proxy.guard.request import ChatRequest
+from proxy.outbound import OutboundRefused
+from proxy.outbound_http import OutboundTransport
 from tenants import crypto
 from tenants.auth import UpstreamTarget
 
@@ -59,8 +60,17 @@ class UpstreamUnavailable(Exception):
 
 
 class UpstreamMisconfigured(UpstreamUnavailable):
-    """The upstream cannot be called as configured (its stored credential does not decrypt): retrying
-    cannot help; an operator must fix it."""
+    """The upstream cannot be called as configured (its stored credential does not decrypt, or the outbound
+    address policy refuses its address): retrying cannot help; an operator must fix it. ``detail`` is the
+    operators' text for the audit (may name the address); ``str()`` is what the client may read."""
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+class UpstreamRefusedByPolicy(UpstreamMisconfigured):
+    """The outbound address policy refuses the upstream's address (``proxy.outbound``); ``detail`` names it."""
 
 
 class _IdleWatch:
@@ -186,11 +196,6 @@ def _decrypted_headers(token: str) -> tuple[tuple[str, str], ...]:
     return tuple(json.loads(crypto.decrypt(token)).items()) if token else ()
 
 
-#: Bearer tokens in upstream texts (some providers echo the key they were sent in auth errors).
-_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{6,}")
-REDACTED = "[redacted]"
-
-
 def secrets_of(target: UpstreamTarget) -> frozenset[str]:
     """The target's credential and extra header values (decrypted), the strings that must never leave."""
     try:
@@ -199,14 +204,6 @@ def secrets_of(target: UpstreamTarget) -> frozenset[str]:
     except crypto.CredentialError:
         return frozenset()  # never sent either: the call fails before any request (UpstreamMisconfigured)
     return frozenset(v for v in values if len(v) >= 4)
-
-
-def redact(text: str, secrets: frozenset[str]) -> str:
-    """``text`` with every secret and any ``Bearer <token>`` replaced by ``[redacted]``."""
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    return _BEARER.sub(lambda m: m.group(1) + REDACTED, text) if "earer" in text else text
 
 
 def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
@@ -273,7 +270,11 @@ class UpstreamClient:
                               max_keepalive_connections=settings.UPSTREAM_MAX_KEEPALIVE, keepalive_expiry=30)
         # The pool timeout bounds waiting for a free connection; read deadlines are enforced per phase.
         timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
-        self._client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport, trust_env=False)
+        # The outbound address policy is checked on every new connection (DNS rebinding cannot pass a check
+        # made when the URL was saved); an injected transport (tests' MockTransport) replaces it. The pool
+        # limits go to the transport: an AsyncClient given a transport ignores its own.
+        self._client = httpx.AsyncClient(timeout=timeout, trust_env=False, follow_redirects=False,
+                                         transport=transport or OutboundTransport(limits=limits))
         #: Upstreams (by id) that answered 400 to ``stream_options``: they get requests without it.
         self._refuses_stream_options: set[int] = set()
 
@@ -337,6 +338,8 @@ class UpstreamClient:
                 return await self._client.send(request, stream=True)
         except TimeoutError:
             raise UpstreamTimeout("response", first_byte) from None
+        except OutboundRefused as exc:  # the policy, not the network: no retry, an operator must act
+            raise UpstreamRefusedByPolicy(exc.client_message, detail=str(exc)) from None
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("connection", target.connect_timeout) from exc
         except httpx.TransportError as exc:

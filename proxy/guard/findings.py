@@ -103,6 +103,7 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_CONNECTION_ERROR = "upstream-connection-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_NOT_SSE = "upstream-not-sse"
+    OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream's address is not allowed (SSRF policy)
     # Input-side family members (accumulate / sse).
     INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason
     UNKNOWN_FINISH_REASON = "unknown-finish-reason"  # a finish_reason outside the OpenAI set and aliases
