@@ -669,8 +669,8 @@ def test_it_ends_every_generated_conversation_with_text_after_one_or_two_tool_ro
     limits = set()
     for n in range(12):
         tag = f"agent loop {n}"
-        turns = [_accumulate(_chat(client, "gen", {**_body(tag, tools=ALL_TOOLS), "messages": _history(tag, r)}).content)
-                 for r in range(3)]
+        bodies = [{**_body(tag, tools=ALL_TOOLS), "messages": _history(tag, r)} for r in range(3)]
+        turns = [_accumulate(_chat(client, "gen", body).content) for body in bodies]
         assert turns[0]["calls"] and turns[0]["finish"] == ["tool_calls"]
         ended = next(r for r, turn in enumerate(turns) if not turn["calls"])
         assert ended in (1, 2) and turns[ended]["content"] and turns[ended]["finish"] == ["stop"]
