@@ -71,7 +71,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "config.admin_site.ToolrelayAdminConfig",  # django.contrib.admin with the branded site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
