@@ -26,7 +26,7 @@ class ToolrelayAdminSite(admin.AdminSite):
 
     site_header = "toolrelay admin"
     site_title = "toolrelay admin"
-    index_title = "Tenants, upstreams and incidents"
+    index_title = "toolrelay admin"
 
     def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         """Django's list, less the broker-only apps when no broker is configured, with a Dashboard
