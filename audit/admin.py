@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django import forms
@@ -20,9 +21,10 @@ from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import models
-from django.db.models import Case, Exists, OuterRef, QuerySet, Subquery, When
+from django.db.models import Case, Exists, OuterRef, Q, QuerySet, Subquery, When
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -592,6 +594,30 @@ class ReportAdmin(ModelAdmin[Report]):
 
     def has_build_permission(self, request: HttpRequest) -> bool:
         return can_view_audit(request)
+
+    #: Seconds between reloads of the list and of a report's page while a report builds.
+    refresh_seconds = 3
+    #: Reports queued longer than this (a stopped worker) no longer keep the list reloading.
+    refresh_window = timedelta(hours=1)
+
+    def building(self, request: HttpRequest, queryset: QuerySet[Report] | None = None) -> bool:
+        """True while one of the user's reports is running, or queued recently."""
+        rows = self.get_queryset(request) if queryset is None else queryset
+        recent = timezone.now() - self.refresh_window
+        running = Q(status=Report.Status.RUNNING) | Q(status=Report.Status.QUEUED, created__gte=recent)
+        return rows.filter(running).exists()
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The list reloads itself every ``refresh_seconds`` while a report builds."""
+        refresh = self.refresh_seconds if self.building(request) else None
+        return super().changelist_view(request, {**(extra_context or {}), "refresh_seconds": refresh})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """A report's page reloads itself until the report is done or failed."""
+        rows = self.get_queryset(request).filter(pk=object_id) if str(object_id).isdigit() else Report.objects.none()
+        refresh = self.refresh_seconds if self.building(request, rows) else None
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "refresh_seconds": refresh})
 
     def save_model(self, request: HttpRequest, obj: Report, form: Any, change: bool) -> None:
         obj.requested_by_id = request.user.pk

@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from audit.delivered import delivered_exhaustion, delivered_turn
-from audit.models import Attempt, Finding, ProxyRequest
+from audit.models import Attempt, Finding, ProxyRequest, Report
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn
 from tests.audit.conftest import AuditRows
 
@@ -154,3 +154,21 @@ def test_broker_only_models_show_when_a_broker_is_configured(audit_rows: AuditRo
     with override_settings(CELERY_BROKER_URL="redis://127.0.0.1:6379/11"):
         assert "Periodic tasks" in client.get(reverse("admin:index")).content.decode()
     assert "Periodic tasks" not in client.get(reverse("admin:index")).content.decode()
+
+
+def test_report_pages_refresh_themselves_while_a_report_builds(audit_rows: AuditRows, viewer_a: User,
+                                                               login: Login) -> None:
+    """A running report makes the list and its page reload every few seconds; once done, no reload."""
+    from audit.report_services import report_request
+    from tests.audit.conftest import PERIOD
+
+    report = report_request(since=PERIOD[0], until=PERIOD[1], format="json", tenants=[audit_rows.upstream_a.tenant],
+                            enqueue=False)
+    Report.objects.filter(pk=report.pk).update(status="running", progress=40)
+    client = login(viewer_a)
+    listing = client.get(reverse("admin:audit_report_changelist")).content.decode()
+    page = client.get(reverse("admin:audit_report_change", args=[report.pk])).content.decode()
+    assert '<meta http-equiv="refresh" content="3">' in listing and 'id="report-refresh"' in page
+    Report.objects.filter(pk=report.pk).update(status="done", progress=100)
+    assert "http-equiv" not in client.get(reverse("admin:audit_report_changelist")).content.decode()
+    assert "http-equiv" not in client.get(reverse("admin:audit_report_change", args=[report.pk])).content.decode()
