@@ -143,7 +143,7 @@ class DefaultOnFilter(admin.SimpleListFilter):
 class ProblemsFilter(DefaultOnFilter):
     """Problems only (the default): repaired, recovered by retry, exhausted, upstream errors, rejected."""
 
-    title = "show"
+    title = "problems"
     parameter_name = "show"
     DEFAULT = "problems"
     yields_to = ("outcome",)
@@ -196,6 +196,8 @@ class AuditAdmin(ModelAdmin[_M]):
     tenant_field = "tenant_id"
     paginator = CappedCountPaginator
     show_full_result_count = False
+    # Facet counts would count every filter choice over the whole table.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:

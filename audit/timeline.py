@@ -15,9 +15,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from audit.delivered import TEXT_CAP
-from audit.display import COLOURS, duration, frames, pill, tokens, usage_missing
+from audit.display import duration, frames, pill, tokens, usage_missing
 from audit.models import Attempt, ProxyRequest
 
+#: Bar fill per attempt outcome (strong colours: the pills' backgrounds are too pale for a bar).
+BAR_COLOURS = {"clean": "#16a34a", "normalized": "#0d9488", "repaired": "#2563eb", "retry": "#d97706",
+               "upstream-error": "#dc2626"}
 _ROW = ('<div class="tr-tl-row"><div class="tr-tl-label">{}</div><div class="tr-tl-track">'
         '<div class="tr-tl-bar" style="left:{}%;width:{}%;background:{}" title="{}"></div></div>'
         '<div class="tr-tl-facts">{}</div></div>')
@@ -52,7 +55,7 @@ def render_timeline(request: ProxyRequest, attempts: Sequence[Attempt], bodies: 
     rows, start = [], 0.0
     for attempt in attempts:
         length = attempt.duration_ms or 0.0
-        colour = COLOURS.get(attempt.outcome, ("", "#9ca3af"))[1]
+        colour = BAR_COLOURS.get(attempt.outcome, "#9ca3af")
         upstream = attempt.upstream.name if attempt.upstream is not None else "–"
         label = format_html("#{} {} {}", attempt.number + 1, upstream, pill(attempt.outcome))
         body = bodies.get(attempt.pk)

@@ -102,7 +102,7 @@ def default_period(tenant_ids: tuple[int, ...] | None, now: datetime | None = No
     """The last 24 hours, narrowed to the data when it covers less (at least ``MIN_SPAN``); with no
     data in the last 24 hours, the span of the data (at most ``DATA_SPAN_MAX``, ending at its newest
     request); with no data at all, the last 24 hours. Two indexed MIN/MAX queries."""
-    now = now or timezone.now()
+    now = _floor(now or timezone.now(), timedelta(minutes=1)) + timedelta(minutes=1)  # whole minutes
     rows = Scope(now - timedelta(days=MAX_DAYS * 10), now + timedelta(minutes=1), tenant_ids).requests()
     span = rows.aggregate(first=Min("created"), last=Max("created"))
     first, last = span["first"], span["last"]

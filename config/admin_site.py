@@ -17,6 +17,8 @@ from django.urls import NoReverseMatch, reverse
 
 #: The audit section's order: the dashboard first, then the lists people open during an incident.
 AUDIT_ORDER = ("Dashboard", "ProxyRequest", "Finding", "Report", "Fragment")
+#: Apps shown first, in this order (the rest follow in Django's order).
+APP_ORDER = ("audit", "tenants")
 #: Apps whose models only do something with a Celery broker (periodic tasks run by beat).
 BROKER_ONLY_APPS = frozenset({"django_celery_beat"})
 
@@ -27,6 +29,10 @@ class ToolrelayAdminSite(admin.AdminSite):
     site_header = "toolrelay admin"
     site_title = "toolrelay admin"
     index_title = "toolrelay admin"
+    # The sidebar takes 300 px of every page; the incident lists need them (the index and the
+    # breadcrumbs still lead everywhere).
+    enable_nav_sidebar = False
+    site_url = None  # nothing is served at "/": no "View site" link
 
     def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         """Django's list, less the broker-only apps when no broker is configured, with a Dashboard
@@ -37,7 +43,8 @@ class ToolrelayAdminSite(admin.AdminSite):
         for app in apps:
             if app["app_label"] == "audit":
                 app["models"] = _audit_models(app["models"])
-        return apps
+        first = {label: n for n, label in enumerate(APP_ORDER)}
+        return sorted(apps, key=lambda app: first.get(app["app_label"], len(first)))
 
 
 def _audit_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -138,23 +138,29 @@ def shoot(driver: Any, url: str, name: str, *, full: bool = False) -> Path:
     return path
 
 
+_VISIBLE_RIGHT = """
+const box = document.querySelector('#changelist .results') || document.documentElement;
+return Math.min(box.getBoundingClientRect().right, document.documentElement.clientWidth);
+"""
+
+
 def check_list(driver: Any) -> list[str]:
-    """Problems with the requests list at 1400 px: the outcome column hidden, a row wider than the window."""
+    """Problems with the requests list at 1400 px: the outcome column hidden or scrolled out of the
+    list's box (which scrolls sideways instead of widening the page), a column past its right edge."""
     from selenium.webdriver.common.by import By
 
     problems = []
-    width = int(driver.execute_script("return document.documentElement.clientWidth"))
-    outcome = driver.find_elements(By.CSS_SELECTOR, "#result_list th.column-outcome_pill")
+    right = float(driver.execute_script(_VISIBLE_RIGHT))
+    headers = driver.find_elements(By.CSS_SELECTOR, "#result_list thead th")
+    outcome = [h for h in headers if "column-outcome_pill" in (h.get_attribute("class") or "")]
     if not outcome or not outcome[0].is_displayed():
         problems.append("the outcome column is not shown")
-    elif outcome[0].rect["x"] + outcome[0].rect["width"] > width:
-        problems.append(f"the outcome column ends at {outcome[0].rect['x'] + outcome[0].rect['width']:.0f} px "
-                        f"of {width}")
-    cells = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr:first-child td, #result_list tbody tr:first-child th")
-    if not cells:
-        problems.append("the list shows no request")
-    elif cells[-1].rect["x"] + cells[-1].rect["width"] > width:
-        problems.append(f"the last column ends at {cells[-1].rect['x'] + cells[-1].rect['width']:.0f} px of {width}")
+    elif outcome[0].rect["x"] + outcome[0].rect["width"] > right + 1:
+        problems.append(f"the outcome column ends at {outcome[0].rect['x'] + outcome[0].rect['width']:.0f} px, "
+                        f"the list's visible box at {right:.0f} px")
+    if headers and headers[-1].rect["x"] + headers[-1].rect["width"] > right + 1:
+        problems.append(f"the last column ends at {headers[-1].rect['x'] + headers[-1].rect['width']:.0f} px, "
+                        f"the list's visible box at {right:.0f} px (it scrolls sideways)")
     pills = driver.find_elements(By.CSS_SELECTOR, "#result_list td.field-outcome_pill .tr-pill")
     if not pills or not pills[0].is_displayed():
         problems.append("no coloured outcome is visible")
