@@ -308,14 +308,15 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
     inlines = (FindingInline,)
     readonly_fields = ("outcome_pill", "ttft", "total", "wasted_time", "token_counts", "wasted", "timeline",
                        "delivered_view", "body_capture")
+    # The incident first: what happened and what the client got; identifiers and client details last.
     fieldsets = (
-        (None, {"fields": ("id", "created", "finished", "tenant", "api_key", "route", "upstream", "model",
-                           "upstream_model")}),
-        ("Result", {"fields": ("path", "outcome_pill", "status", "attempts", "error")}),
+        (None, {"fields": ("id", "created", "tenant", "upstream", "model", "path", "outcome_pill", "status",
+                           "attempts", "error")}),
         ("What the client received", {"fields": ("delivered_view",)}),
         ("Attempts", {"fields": ("timeline", "body_capture")}),
         ("Cost", {"fields": ("ttft", "total", "token_counts", "wasted", "wasted_time")}),
-        ("Client", {"fields": ("client_protocol", "client_user_agent")}),
+        ("Details", {"fields": ("finished", "api_key", "route", "upstream_model", "client_protocol",
+                                "client_user_agent")}),
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProxyRequest]:
