@@ -62,7 +62,8 @@ def seed(password: str) -> None:
     User.objects.create_superuser("browser", "", password)
     rng, now = random.Random(16), timezone.now()  # noqa: S311 - made-up rows
     for slug in ("acme-research", "globex"):
-        done = provision(tenant_name=slug, upstream_url="https://api.deepseek.com/v1", routes={"claude-*": "deepseek-chat"})
+        done = provision(tenant_name=slug, upstream_url="https://api.deepseek.com/v1",
+                         routes={"claude-*": "deepseek-chat"})
         upstreams = [done.upstream, upstream_upsert(tenant=done.tenant, name="qwen-fallback",
                                                     base_url="https://dashscope.example/v1")]
         for n in range(30):
