@@ -14,11 +14,12 @@ SUPPLY := var/supply-chain-venv
 UV_COMPILE = $(SUPPLY)/bin/uv pip compile pyproject.toml --universal --generate-hashes --python-version 3.11 \
 	--index-url https://pypi.org/simple --no-config --no-header --quiet
 
-.PHONY: help install run test format lint typecheck up bench bench-quick lock audit-deps
+.PHONY: help install run test test-browser format lint typecheck up bench bench-quick lock audit-deps
 
 help:
 	@echo "make run        serve the demo on http://127.0.0.1:8000 (first run prints an admin login and an API key)"
 	@echo "make test       run the whole test suite (Postgres when DATABASE_URL is set, else SQLite)"
+	@echo "make test-browser  screenshots of the admin at 1400 px in headless Chromium (var/browser/; installs chromium)"
 	@echo "make install    create .venv and install toolrelay with its dev dependencies"
 	@echo "make lint       ruff check"
 	@echo "make format     ruff check --fix, then ruff format"
@@ -53,6 +54,18 @@ run: $(STAMP) $(SECRETS)
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Not part of `make test`: the admin in Debian's headless Chromium at 1400 px (scripts/browser_check.py).
+# Installs chromium and chromium-driver with apt-get when missing (as root, or through sudo), and
+# selenium into .venv; screenshots go to var/browser/.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-browser: $(STAMP)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  echo "Installing Debian's chromium and chromium-driver (apt-get)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium chromium-driver; \
+	fi
+	@$(BIN)/python -c 'import selenium' 2>/dev/null || $(BIN)/pip install --disable-pip-version-check -q -e '.[dev,browser]'
+	$(BIN)/python scripts/browser_check.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,6 +11,8 @@ bounded sample or from small tables, and every filter has an index that also ser
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django import forms
@@ -19,18 +21,22 @@ from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import models
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Case, Exists, OuterRef, Q, QuerySet, Subquery, When
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from audit import views
+from audit.display import PROBLEM_OUTCOMES, USABLE_OUTCOMES, duration, pill, tokens, wasted_tokens
 from audit.fragments import CSS, render_context, render_fragment, render_frames, split_frames
 from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from audit.report_services import report_delete, report_enqueue
 from audit.scoping import can_manage_audit, can_view_audit, managed_tenant_ids, visible_tenant_ids, visible_tenants
+from audit.timeline import render_delivered, render_timeline
+from proxy.guard.policy import FragmentStorage
 from tenants.models import Tenant, Upstream
 
 _M = TypeVar("_M", bound=models.Model)
@@ -110,6 +116,66 @@ class RecentValuesFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(**{self.field: value})
 
 
+class DefaultOnFilter(admin.SimpleListFilter):
+    """A filter with a default choice that applies when the query string says nothing (``DEFAULT``),
+    unless an explicit search or one of ``yields_to`` (query parameters) is given: asking for a request
+    id or an exact outcome must never come back empty because of the default."""
+
+    DEFAULT = ""
+    yields_to: tuple[str, ...] = ()
+
+    def current(self, query: Mapping[str, Any]) -> str:
+        """The effective choice given the query string: its own value, else the default, or "all"
+        when a search or a parameter in ``yields_to`` is given."""
+        value = self.value()
+        if value is not None:
+            return value
+        explicit = any(key.startswith(self.yields_to) for key in query) if self.yields_to else False
+        return "all" if explicit or query.get("q") else self.DEFAULT
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.current(changelist.params)
+        for lookup, title in self.lookup_choices:
+            yield {"selected": current == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
+
+
+class ProblemsFilter(DefaultOnFilter):
+    """Problems only (the default): repaired, recovered by retry, exhausted, upstream errors, rejected."""
+
+    title = "problems"
+    parameter_name = "show"
+    DEFAULT = "problems"
+    yields_to = ("outcome",)
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("problems", "Problems only"), ("all", "All requests")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.current(request.GET) == "problems":
+            return queryset.filter(outcome__in=PROBLEM_OUTCOMES)
+        return queryset
+
+
+class SeverityFilter(DefaultOnFilter):
+    """Warnings and errors (the default), one severity, or everything including ``info`` normalisations."""
+
+    title = "severity"
+    parameter_name = "severity"
+    DEFAULT = "warning+error"
+    yields_to = ("kind", "action")
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("warning+error", "Warnings and errors"), ("error", "Errors"), ("warning", "Warnings"),
+                ("info", "Info (normalised quirks)"), ("all", "All")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        current = self.current(request.GET)
+        if current == "all":
+            return queryset
+        return queryset.filter(severity__in=current.split("+"))
+
+
 class ModelNameFilter(RecentValuesFilter):
     title = "model"
     parameter_name = "model"
@@ -130,6 +196,8 @@ class AuditAdmin(ModelAdmin[_M]):
     tenant_field = "tenant_id"
     paginator = CappedCountPaginator
     show_full_result_count = False
+    # Facet counts would count every filter choice over the whole table.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:
@@ -188,26 +256,6 @@ def _admin_link(obj: models.Model, text: str) -> SafeString:
 
 # ----- requests -----
 
-class AttemptInline(ReadOnlyInline[Attempt]):
-    """A request's upstream attempts, with a link to the raw body when one was kept."""
-
-    model = Attempt
-    fields = ("number", "upstream", "upstream_model", "upstream_status", "outcome", "abort_reason", "ttfb_ms",
-              "duration_ms", "prompt_tokens", "completion_tokens", "bytes_received", "frames", "raw_body")
-    readonly_fields = ("raw_body",)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
-        kept = Fragment.objects.filter(attempt=OuterRef("pk"))
-        return super().get_queryset(request).select_related("upstream").annotate(has_body=Exists(kept))
-
-    @admin.display(description="raw body")
-    def raw_body(self, obj: Attempt) -> str:
-        if not getattr(obj, "has_body", False):
-            return "–"
-        fragment_id = Fragment.objects.filter(attempt_id=obj.pk).values_list("pk", flat=True).first()
-        return format_html('<a href="{}">frames</a>', reverse("admin:audit_fragment_change", args=[fragment_id]))
-
-
 class FindingInline(ReadOnlyInline[Finding]):
     """A request's findings; each links to its fragment viewer."""
 
@@ -224,35 +272,120 @@ class FindingInline(ReadOnlyInline[Finding]):
         return obj.attempt.number if obj.attempt is not None else "–"
 
 
+def _short(text: str, width: int) -> SafeString:
+    """``text`` cut to ``width`` characters, the whole text in the tooltip."""
+    shown = text if len(text) <= width else text[: width - 1] + "…"
+    return format_html('<span title="{}">{}</span>', text, shown)
+
+
+def _moment(when: Any) -> SafeString:
+    """A compact UTC time (``01-02 13:04:05``), the full one in the tooltip."""
+    return format_html('<span title="{}">{}</span>', when.isoformat(), when.strftime("%m-%d %H:%M:%S"))
+
+
+def _wasted_gap() -> Case:
+    """True when a wasted attempt of the request (every attempt but the answer's) has unknown usage:
+    the upstream answered 200 without reporting any. One EXISTS on (request, number) per shown row."""
+    missing = Attempt.objects.filter(request=OuterRef("pk"), upstream_status=200, prompt_tokens=0, completion_tokens=0)
+    before_answer = Exists(missing.filter(number__lt=OuterRef("attempts") - 1))
+    return Case(When(outcome__in=USABLE_OUTCOMES, then=before_answer), default=Exists(missing),
+                output_field=models.BooleanField())
+
+
 @admin.register(ProxyRequest)
 class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
-    """Client requests through the proxy, newest first, with attempts and findings inline."""
+    """Client requests through the proxy, newest first, problems only unless asked; the page shows
+    the attempts as a timeline, what the client received, and the findings inline."""
 
-    list_display = ("short_id", "created", "tenant", "upstream", "model", "path", "outcome", "attempts",
-                    "status", "total_s", "wasted_completion_tokens", "client_protocol")
+    list_display = ("short_id", "when", "where", "model_short", "outcome_pill", "attempts", "status", "ttft",
+                    "wasted")
     list_display_links = ("short_id",)
-    list_filter = (TenantFilter, UpstreamFilter, ModelNameFilter, "outcome", "path", ProtocolFilter,
+    list_filter = (ProblemsFilter, TenantFilter, UpstreamFilter, ModelNameFilter, "outcome", "path", ProtocolFilter,
                    ("created", admin.DateFieldListFilter))
     list_select_related = ("tenant", "upstream")
     search_fields = ("=model",)
     search_help_text = "A request id (the x-request-id a client saw) or an exact model name."
-    inlines = (AttemptInline, FindingInline)
+    inlines = (FindingInline,)
+    readonly_fields = ("outcome_pill", "ttft", "total", "wasted_time", "token_counts", "wasted", "timeline",
+                       "delivered_view", "body_capture")
+    # The incident first: what happened and what the client got; identifiers and client details last.
     fieldsets = (
-        (None, {"fields": ("id", "created", "finished", "tenant", "api_key", "route", "upstream", "model",
-                           "upstream_model")}),
-        ("Client", {"fields": ("client_protocol", "client_user_agent")}),
-        ("Result", {"fields": ("path", "outcome", "status", "attempts", "error")}),
-        ("Cost", {"fields": ("ttft_ms", "total_ms", "prompt_tokens", "completion_tokens",
-                             "wasted_completion_tokens", "wasted_ms")}),
+        (None, {"fields": ("id", "created", "tenant", "upstream", "model", "path", "outcome_pill", "status",
+                           "attempts", "error")}),
+        ("What the client received", {"fields": ("delivered_view",)}),
+        ("Attempts", {"fields": ("timeline", "body_capture")}),
+        ("Cost", {"fields": ("ttft", "total", "token_counts", "wasted", "wasted_time")}),
+        ("Details", {"fields": ("finished", "api_key", "route", "upstream_model", "client_protocol",
+                                "client_user_agent")}),
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ProxyRequest]:
+        return super().get_queryset(request).annotate(usage_gap=_wasted_gap())
 
     @admin.display(description="request", ordering="id")
     def short_id(self, obj: ProxyRequest) -> str:
         return str(obj.pk)[:8]
 
-    @admin.display(description="total s", ordering="total_ms")
-    def total_s(self, obj: ProxyRequest) -> str:
-        return "–" if obj.total_ms is None else f"{obj.total_ms / 1000:.2f}"
+    @admin.display(description="time (UTC)", ordering="created")
+    def when(self, obj: ProxyRequest) -> SafeString:
+        return _moment(obj.created)
+
+    @admin.display(description="tenant / upstream")
+    def where(self, obj: ProxyRequest) -> SafeString:
+        return _short(f"{obj.tenant.slug}/{obj.upstream.name if obj.upstream else '–'}", 26)
+
+    @admin.display(description="model", ordering="model")
+    def model_short(self, obj: ProxyRequest) -> SafeString:
+        return _short(obj.model, 24)
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_pill(self, obj: ProxyRequest) -> SafeString:
+        return pill(obj.outcome)
+
+    @admin.display(description="TTFT", ordering="ttft_ms")
+    def ttft(self, obj: ProxyRequest) -> str:
+        return duration(obj.ttft_ms)
+
+    @admin.display(description="total time", ordering="total_ms")
+    def total(self, obj: ProxyRequest) -> str:
+        return duration(obj.total_ms)
+
+    @admin.display(description="time on failed attempts")
+    def wasted_time(self, obj: ProxyRequest) -> str:
+        return duration(obj.wasted_ms)
+
+    @admin.display(description="wasted tokens", ordering="wasted_completion_tokens")
+    def wasted(self, obj: ProxyRequest) -> str:
+        return wasted_tokens(obj.wasted_completion_tokens, int(bool(getattr(obj, "usage_gap", False))))
+
+    @admin.display(description="tokens (prompt / completion)")
+    def token_counts(self, obj: ProxyRequest) -> str:
+        known = not (obj.attempts and obj.prompt_tokens == 0 and obj.completion_tokens == 0)
+        return f"{tokens(obj.prompt_tokens, known=known)} / {tokens(obj.completion_tokens, known=known)}"
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: ProxyRequest) -> SafeString:
+        attempts = list(Attempt.objects.filter(request=obj).select_related("upstream"))
+        bodies = dict(Fragment.objects.filter(attempt__request=obj).values_list("attempt_id", "pk"))
+        return render_timeline(obj, attempts, bodies)
+
+    @admin.display(description="answer")
+    def delivered_view(self, obj: ProxyRequest) -> SafeString:
+        return render_delivered(obj)
+
+    @admin.display(description="raw bodies")
+    def body_capture(self, obj: ProxyRequest) -> SafeString:
+        """Whether whole upstream bodies are kept for this request's route, and how to turn it on."""
+        overrides = obj.route.policy_overrides() if obj.route is not None else None
+        storage = obj.tenant.policy(overrides).fragments
+        if storage == FragmentStorage.ATTEMPT:
+            return mark_safe("Kept for every attempt (fragment storage <code>attempt</code>), up to "
+                             "<code>AUDIT_BODY_CAP</code> bytes each; purged after the retention days.")
+        return format_html(
+            "Only the frames findings point at are kept (fragment storage <code>{}</code>). To keep every "
+            "attempt's whole body, set <em>Fragment storage</em> to <code>attempt</code> on the tenant "
+            "(<em>Guard policy defaults</em>) or on this request's model route; bodies are capped at "
+            "<code>AUDIT_BODY_CAP</code> bytes and purged after the tenant's retention days.", storage.value)
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[ProxyRequest],
                            search_term: str) -> tuple[QuerySet[ProxyRequest], bool]:
@@ -280,9 +413,9 @@ class FindingAdmin(AuditAdmin[Finding]):
     """Findings, filterable by kind, severity and action; the page shows the offending frame."""
 
     tenant_field = "tenant_id_copy"
-    list_display = ("id", "created", "kind", "severity", "action", "tool_name", "tenant", "request_link",
-                    "attempt_number", "frame", "byte_offset")
-    list_filter = (CopiedTenantFilter, "kind", "severity", "action", ("created", admin.DateFieldListFilter))
+    list_display = ("id", "when", "kind", "severity_pill", "action", "tool_name", "tenant", "request_link",
+                    "attempt_number", "frame", "detail_short")
+    list_filter = (SeverityFilter, CopiedTenantFilter, "kind", "action", ("created", admin.DateFieldListFilter))
     list_select_related = ("attempt",)
     ordering = ("-created",)
     search_fields = ("=tool_name",)
@@ -297,6 +430,18 @@ class FindingAdmin(AuditAdmin[Finding]):
     @admin.display(description="tenant")
     def tenant(self, obj: Finding) -> str:
         return getattr(obj, "tenant_name", None) or "–"
+
+    @admin.display(description="time (UTC)", ordering="created")
+    def when(self, obj: Finding) -> SafeString:
+        return _moment(obj.created)
+
+    @admin.display(description="severity", ordering="severity")
+    def severity_pill(self, obj: Finding) -> SafeString:
+        return pill(obj.severity)
+
+    @admin.display(description="detail")
+    def detail_short(self, obj: Finding) -> SafeString:
+        return _short(obj.detail, 90)
 
     @admin.display(description="request")
     def request_link(self, obj: Finding) -> SafeString:
@@ -465,6 +610,30 @@ class ReportAdmin(ModelAdmin[Report]):
 
     def has_build_permission(self, request: HttpRequest) -> bool:
         return can_manage_audit(request)
+
+    #: Seconds between reloads of the list and of a report's page while a report builds.
+    refresh_seconds = 3
+    #: Reports queued longer than this (a stopped worker) no longer keep the list reloading.
+    refresh_window = timedelta(hours=1)
+
+    def building(self, request: HttpRequest, queryset: QuerySet[Report] | None = None) -> bool:
+        """True while one of the user's reports is running, or queued recently."""
+        rows = self.get_queryset(request) if queryset is None else queryset
+        recent = timezone.now() - self.refresh_window
+        running = Q(status=Report.Status.RUNNING) | Q(status=Report.Status.QUEUED, created__gte=recent)
+        return rows.filter(running).exists()
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The list reloads itself every ``refresh_seconds`` while a report builds."""
+        refresh = self.refresh_seconds if self.building(request) else None
+        return super().changelist_view(request, {**(extra_context or {}), "refresh_seconds": refresh})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """A report's page reloads itself until the report is done or failed."""
+        rows = self.get_queryset(request).filter(pk=object_id) if str(object_id).isdigit() else Report.objects.none()
+        refresh = self.refresh_seconds if self.building(request, rows) else None
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "refresh_seconds": refresh})
 
     def save_model(self, request: HttpRequest, obj: Report, form: Any, change: bool) -> None:
         obj.requested_by_id = request.user.pk

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from django.db.models import Count, F
 from django.template.loader import render_to_string
 
+from audit.chart_links import ChartLinks
 from audit.charts import figure_charts, upstream_labels
 from audit.reports import Figures, Scope
 
@@ -109,9 +110,12 @@ def report_html(figures: Figures, *, title: str) -> str:
     return render_to_string("audit/report.html", figure_context(figures, title=title))
 
 
-def figure_context(figures: Figures, *, title: str) -> dict[str, Any]:
-    """Template context shared by the HTML report and the dashboard."""
+def figure_context(figures: Figures, *, title: str, links: ChartLinks | None = None) -> dict[str, Any]:
+    """Template context shared by the HTML report and the dashboard (``links``: the dashboard's
+    click-through into the admin lists; the self-contained report has none)."""
     labels = upstream_labels(figures)
     by_upstream = [{**row, "label": labels[str(row["upstream_id"])]} for row in figures["by_upstream"]]
-    return {"title": title, "figures": figures, "charts": figure_charts(figures), "by_upstream": by_upstream,
-            "outcomes": sorted(figures["outcomes"].items(), key=lambda kv: -kv[1])}
+    outcomes = sorted(figures["outcomes"].items(), key=lambda kv: -kv[1])
+    return {"title": title, "figures": figures, "charts": figure_charts(figures, links), "by_upstream": by_upstream,
+            "outcomes": [(name, count, links.requests(outcome__exact=name) if links else None)
+                         for name, count in outcomes]}

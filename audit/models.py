@@ -57,6 +57,10 @@ class ProxyRequest(models.Model):
     wasted_completion_tokens = models.PositiveIntegerField(default=0, help_text="Completion tokens of failed attempts.")
     wasted_ms = models.FloatField(default=0, help_text="Milliseconds spent on failed attempts.")
     error = models.TextField(blank=True)
+    delivered = models.JSONField(
+        null=True, blank=True,
+        help_text="What the client received at the end: the canonical turn (capped), the exhaustion answer or "
+                  "the error (shapes in audit/delivered.py); null when not recorded.")
     created = models.DateTimeField(default=timezone.now, db_index=True)
     finished = models.DateTimeField(null=True)
 

@@ -10,7 +10,11 @@ Definitions (also in docs/reports.md):
 
 - *guarded*: a request on the guarded path (streamed with ``tools``);
 - *corrupted*: a guarded request with at least one unusable attempt, i.e. it ended
-  ``recovered-by-retry`` or ``exhausted``; *corruption rate* = corrupted / guarded;
+  ``recovered-by-retry`` or ``exhausted``; *corruption rate* (request level) = corrupted / guarded;
+- *faulty attempt*: an attempt of a guarded request with at least one finding (the upstream's answer
+  deviated in any way, even when the guard absorbed it); *attempt fault rate* (attempt level) =
+  faulty attempts / attempts of guarded requests. A simulator that corrupts one attempt in five
+  shows about 20 % here, and a lower request-level rate: most faults are repaired in place;
 - a *kind's share*: requests (any path) with at least one finding of that kind / requests;
 - *wasted*: completion tokens and time of the attempts that were not the answer.
 """
@@ -35,8 +39,10 @@ SCHEMA_VERSION = 1
 #: Rows kept in the "most affected" tables and lines drawn per over-time chart.
 TOP = 10
 SERIES_TOP = 5
-#: Periods up to this long are bucketed by hour, longer ones by day.
+#: Periods up to ``MINUTELY_UP_TO`` are bucketed by minute, up to ``HOURLY_UP_TO`` by hour, longer by day.
+MINUTELY_UP_TO = timedelta(hours=2)
 HOURLY_UP_TO = timedelta(days=2)
+BUCKET_STEPS = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1)}
 
 Outcome = ProxyRequest.Outcome
 CORRUPTED_OUTCOMES = (Outcome.RECOVERED, Outcome.EXHAUSTED)
@@ -64,8 +70,9 @@ class Scope:
 
     @property
     def bucket(self) -> str:
-        """``hour`` for short periods, else ``day``."""
-        return "hour" if self.until - self.since <= HOURLY_UP_TO else "day"
+        """``minute`` up to two hours, ``hour`` up to two days, else ``day``."""
+        span = self.until - self.since
+        return "minute" if span <= MINUTELY_UP_TO else "hour" if span <= HOURLY_UP_TO else "day"
 
     def requests(self) -> QuerySet[ProxyRequest]:
         """The scope's requests (unordered)."""
@@ -153,7 +160,20 @@ def totals(scope: Scope) -> dict[str, Any]:
         "wasted_completion_tokens": int(agg["wasted_tokens"]),
         "wasted_seconds": seconds(agg["wasted_ms_sum"]),
         "findings": scope.findings().count(),
+        **attempt_totals(scope),
     }
+
+
+def attempt_totals(scope: Scope) -> dict[str, Any]:
+    """Attempt-level figures of guarded requests: attempts, faulty ones (any finding), failed ones
+    (a fatal finding), and the attempt fault rate (the figure a fault injector's rate compares to)."""
+    guarded = scope.requests().filter(GUARDED).aggregate(
+        n=Coalesce(Sum("attempts"), Value(0), output_field=IntegerField()))["n"]
+    tied = scope.findings().filter(request__path=ProxyRequest.Path.GUARDED, attempt__isnull=False)
+    faulty = tied.values("attempt_id").distinct().count()
+    failed = tied.filter(action__in=FATAL_ACTIONS).values("attempt_id").distinct().count()
+    return {"guarded_attempts": int(guarded), "faulty_attempts": faulty, "attempt_fault_rate": rate(faulty, guarded),
+            "failed_attempts": failed}
 
 
 def outcomes(scope: Scope) -> dict[str, int]:
@@ -191,9 +211,10 @@ def by_kind(scope: Scope, requests_total: int) -> list[dict[str, Any]]:
 
 def buckets(scope: Scope) -> list[datetime]:
     """Every bucket start of the period (UTC hours or days), for zero-filled series."""
-    step = timedelta(hours=1) if scope.bucket == "hour" else timedelta(days=1)
-    since = scope.since.astimezone(UTC)
-    start = since.replace(minute=0, second=0, microsecond=0)
+    step = BUCKET_STEPS[scope.bucket]
+    start = scope.since.astimezone(UTC).replace(second=0, microsecond=0)
+    if scope.bucket != "minute":
+        start = start.replace(minute=0)
     if scope.bucket == "day":
         start = start.replace(hour=0)
     out = []

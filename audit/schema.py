@@ -39,13 +39,14 @@ SUMMARY_SCHEMA: dict[str, Any] = {
     **_object(
         schema_version={"const": 1},
         generated_at=_TIME,
-        period=_object(since=_TIME, until=_TIME, bucket={"enum": ["hour", "day"]}),
+        period=_object(since=_TIME, until=_TIME, bucket={"enum": ["minute", "hour", "day"]}),
         scope=_object(tenants={"type": ["array", "null"], "items": _TEXT},
                       upstreams={"type": ["array", "null"], "items": _TEXT}),
         totals=_object(
             requests=_INT, guarded=_INT, guarded_share=_RATE, touched=_INT, corrupted=_INT,
             corruption_rate=_RATE, recovered=_INT, exhausted=_INT, attempts=_INT, prompt_tokens=_INT,
-            completion_tokens=_INT, wasted_completion_tokens=_INT, wasted_seconds=_SECONDS, findings=_INT),
+            completion_tokens=_INT, wasted_completion_tokens=_INT, wasted_seconds=_SECONDS, findings=_INT,
+            guarded_attempts=_INT, faulty_attempts=_INT, attempt_fault_rate=_RATE, failed_attempts=_INT),
         outcomes={"type": "object", "additionalProperties": _INT},
         by_upstream=_rows(upstream_id={"type": ["integer", "null"]}, upstream=_TEXT,
                           tenant={"type": ["string", "null"]}, **_REQUEST_COLUMNS),

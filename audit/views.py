@@ -14,45 +14,72 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Max, Min
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
+from audit.chart_links import ChartLinks
 from audit.exports import figure_context
 from audit.reports import Scope, build_figures
 from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
 from tenants.models import Tenant
 
-DEFAULT_DAYS = 7
 MAX_DAYS = 366
-PRESETS = (1, 7, 30, 90)
+#: The default period looks back this far, and zooms in on the data when it covers less.
+DEFAULT_SPAN = timedelta(hours=24)
+#: The shortest default period (a burst of requests a minute ago is not one dot).
+MIN_SPAN = timedelta(minutes=30)
+#: Without data in the last 24 hours, the default is the span of the data, at most this long.
+DATA_SPAN_MAX = timedelta(days=90)
+#: (label, hours) of the preset links.
+PRESETS = (("last hour", 1), ("last 24 hours", 24), ("last 7 days", 24 * 7), ("last 30 days", 24 * 30),
+           ("last 90 days", 24 * 90))
+_MINUTE = "%Y-%m-%dT%H:%M"
+
+
+def _local_input() -> forms.DateTimeInput:
+    return forms.DateTimeInput(format=_MINUTE, attrs={"type": "datetime-local"})
 
 
 class DashboardForm(forms.Form):
-    """A period of whole UTC days (``end`` inclusive) and an optional tenant among the user's."""
+    """A period and an optional tenant among the user's.
 
-    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
-                          help_text="Inclusive (UTC days).")
+    ``since`` / ``until`` (UTC, until exclusive) or whole UTC days ``start`` / ``end`` (end
+    inclusive); with neither, :func:`default_period`.
+    """
+
+    since = forms.DateTimeField(required=False, widget=_local_input(), label="From (UTC)")
+    until = forms.DateTimeField(required=False, widget=_local_input(), label="Until (UTC)",
+                                help_text="Exclusive.")
+    start = forms.DateField(required=False, widget=forms.HiddenInput)
+    end = forms.DateField(required=False, widget=forms.HiddenInput)
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="All your tenants")
 
     def __init__(self, *args: Any, request: HttpRequest, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.request = request
         field = self.fields["tenant"]
         assert isinstance(field, forms.ModelChoiceField)
         field.queryset = visible_tenants(request)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        today = timezone.now().astimezone(UTC).date()
-        end = data.get("end") or today
-        start = data.get("start") or end - timedelta(days=DEFAULT_DAYS - 1)
-        if start > end:
-            raise ValidationError("The start must not be after the end.")
-        if (end - start).days >= MAX_DAYS:
+        if data.get("since") or data.get("until"):
+            until = data.get("until") or timezone.now()
+            since, until = data.get("since") or until - DEFAULT_SPAN, until
+        elif data.get("start") or data.get("end"):
+            end = data.get("end") or timezone.now().astimezone(UTC).date()
+            start = data.get("start") or end
+            since, until = _midnight(start), _midnight(end + timedelta(days=1))
+        else:
+            since, until = default_period(_tenant_ids(data, self.request))
+        if since >= until:
+            raise ValidationError("The start must be before the end.")
+        if until - since > timedelta(days=MAX_DAYS):
             raise ValidationError(f"Choose at most {MAX_DAYS} days.")
-        data["start"], data["end"] = start, end
+        data["since"], data["until"] = since.astimezone(UTC), until.astimezone(UTC)
         return data
 
 
@@ -60,22 +87,50 @@ def _midnight(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
-def dashboard_scope(data: dict[str, Any], request: HttpRequest) -> Scope:
-    """The scope of a valid form: the chosen tenant, else every tenant the user sees."""
+def _tenant_ids(data: dict[str, Any], request: HttpRequest) -> tuple[int, ...] | None:
     tenant = data.get("tenant")
     ids = visible_tenant_ids(request)
-    tenant_ids = (tenant.pk,) if tenant is not None else None if ids is None else tuple(sorted(ids))
-    return Scope(_midnight(data["start"]), _midnight(data["end"] + timedelta(days=1)), tenant_ids)
+    return (tenant.pk,) if tenant is not None else None if ids is None else tuple(sorted(ids))
 
 
-def _preset_links(request: HttpRequest, tenant: Any) -> list[tuple[str, str]]:
-    today = timezone.now().astimezone(UTC).date()
+def _floor(moment: datetime, step: timedelta) -> datetime:
+    moment = moment.astimezone(UTC).replace(second=0, microsecond=0)
+    return moment.replace(minute=0) if step >= timedelta(hours=1) else moment
+
+
+def default_period(tenant_ids: tuple[int, ...] | None, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The last 24 hours, narrowed to the data when it covers less (at least ``MIN_SPAN``); with no
+    data in the last 24 hours, the span of the data (at most ``DATA_SPAN_MAX``, ending at its newest
+    request); with no data at all, the last 24 hours. Two indexed MIN/MAX queries."""
+    now = _floor(now or timezone.now(), timedelta(minutes=1)) + timedelta(minutes=1)  # whole minutes
+    rows = Scope(now - timedelta(days=MAX_DAYS * 10), now + timedelta(minutes=1), tenant_ids).requests()
+    span = rows.aggregate(first=Min("created"), last=Max("created"))
+    first, last = span["first"], span["last"]
+    if last is None:
+        return _floor(now - DEFAULT_SPAN, DEFAULT_SPAN), now
+    if last >= now - DEFAULT_SPAN:
+        recent = rows.filter(created__gte=now - DEFAULT_SPAN).aggregate(first=Min("created"))["first"] or last
+        since = max(now - DEFAULT_SPAN, min(recent, now - MIN_SPAN))
+        return _floor(since, now - since), now
+    until = last + timedelta(minutes=1)
+    since = max(first, until - DATA_SPAN_MAX)
+    since = min(since, until - MIN_SPAN)
+    return _floor(since, until - since), until
+
+
+def dashboard_scope(data: dict[str, Any], request: HttpRequest) -> Scope:
+    """The scope of a valid form: the chosen tenant, else every tenant the user sees."""
+    return Scope(data["since"], data["until"], _tenant_ids(data, request))
+
+
+def _preset_links(tenant: Any) -> list[tuple[str, str]]:
+    now = timezone.now().astimezone(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
     links = []
-    for days in PRESETS:
-        query = {"start": (today - timedelta(days=days - 1)).isoformat(), "end": today.isoformat()}
+    for label, hours in PRESETS:
+        query = {"since": (now - timedelta(hours=hours)).strftime(_MINUTE), "until": now.strftime(_MINUTE)}
         if tenant is not None:
             query["tenant"] = str(tenant.pk)
-        links.append(("today" if days == 1 else f"last {days} days", "?" + urlencode(query)))
+        links.append((label, "?" + urlencode(query)))
     return links
 
 
@@ -87,7 +142,7 @@ def _report_link(scope: Scope) -> str:
 
 
 def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
-    """Render the dashboard for the period and tenant in the query string (default: last 7 days)."""
+    """Render the dashboard for the period and tenant in the query string (default: ``default_period``)."""
     if not can_view_audit(request):
         raise PermissionDenied
     form = DashboardForm(request.GET, request=request)  # every field optional: no query = defaults
@@ -95,7 +150,13 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         scope = dashboard_scope(data, request)
-        context.update(figure_context(build_figures(scope), title="Audit dashboard"))
-        context.update(presets=_preset_links(request, data.get("tenant")), report_link=_report_link(scope),
-                       tenant=data.get("tenant"), can_request_report=can_manage_audit(request))
+        tenant = data.get("tenant")
+        links = ChartLinks(scope.since, scope.until, scope.bucket, tenant.pk if tenant is not None else None)
+        context.update(figure_context(build_figures(scope), title="Audit dashboard", links=links))
+        context.update(presets=_preset_links(tenant), report_link=_report_link(scope), tenant=tenant,
+                       can_request_report=can_manage_audit(request),
+                       all_requests=links.requests(), problem_requests=links.requests(show="problems"),
+                       # The inputs show the period in effect (also when it is the default).
+                       form=DashboardForm(initial={"since": scope.since, "until": scope.until, "tenant": tenant},
+                                          request=request))
     return TemplateResponse(request, "audit/dashboard.html", context)

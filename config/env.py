@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -31,6 +32,25 @@ def load_dev_secrets(path: Path = DEV_SECRETS) -> None:
         name, sep, value = line.partition("=")
         if sep and name.strip() and not name.lstrip().startswith("#"):
             os.environ.setdefault(name.strip(), value.strip())
+
+
+#: Where `make run` (scripts/run.sh) saves the URL and ports it serves the demo on.
+RUN_SETTINGS = DEV_SECRETS.with_name("run.env")
+#: The variables taken from it: printed hints (``SITE_URL``) and the demo's ports.
+RUN_SETTING_NAMES = ("SITE_URL", "PORT", "SIMULATOR_PORT")
+
+
+def load_run_settings(path: Path = RUN_SETTINGS, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Take ``SITE_URL``, ``PORT`` and ``SIMULATOR_PORT`` the environment lacks from ``var/run.env``,
+    so a management command run next to `make run` (``apikey create``, ``provision``, ``demo_setup``)
+    prints the URLs of the server actually running. Called by ``manage.py`` only: the tests and the
+    servers never read it. The environment always wins."""
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() in RUN_SETTING_NAMES and value.strip():
+            environ.setdefault(name.strip(), value.strip())
 
 
 def envstr(name: str, default: str = "") -> str:

@@ -2,12 +2,27 @@
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (an empty directory shared by the processes, cleared at
 deploy), ``/metrics`` aggregates every process through ``MultiProcessCollector``; without it, the
-process's own registry is served.
+process's own registry is served. Names, labels and PromQL: docs/metrics.md.
+
+Labels name what an operator configured, never what a client sent: ``tenant`` (slug), ``route``
+(the matched route's public name or pattern as configured, ``default`` for the tenant's default
+upstream, ``none`` before routing), ``upstream`` (the upstream's name in its tenant), ``path``
+(pass-through / guarded / non-stream) and bounded enums (``outcome``, ``cause``, ``kind``). The
+client's ``model`` string is never a label. Each label keeps at most ``LABEL_VALUES_MAX`` distinct
+values per process; later ones are counted as ``other`` (a misconfiguration must not blow up the
+series count).
+
+The relay calls :func:`request_labels` once per request, then :func:`observe_attempt` per upstream
+call, :func:`observe_retry` before each retry and :func:`observe_request` at the end.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,10 +35,29 @@ from prometheus_client import (
 )
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_ADDED_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: Distinct values kept per label per process before ``OTHER``.
+LABEL_VALUES_MAX = 500
+LABEL_CHARS_MAX = 100
+OTHER = "other"
+UNKNOWN = "unknown"
+#: ``route`` when the tenant's default upstream served the model (no route matched).
+DEFAULT_ROUTE = "default"
+#: ``route`` / ``upstream`` of a request refused before routing.
+NO_ROUTE = "none"
+#: ``cause`` of a retry: the upstream answered but the turn was unusable, or the upstream failed.
+RETRY_CAUSES = ("broken_output", "upstream_error")
 
-REQUESTS = Counter("toolrelay_requests_total", "Client requests by tenant, path and outcome.",
-                   ["tenant", "path", "outcome"])
-ATTEMPTS = Counter("toolrelay_upstream_attempts_total", "Upstream attempts by outcome.", ["outcome"])
+_REQUEST_LABELS = ["tenant", "route", "upstream", "path", "outcome"]
+_ATTEMPT_LABELS = ["tenant", "route", "upstream", "path", "outcome"]
+
+REQUESTS = Counter("toolrelay_requests_total", "Client requests by tenant, route, upstream (the route's primary), "
+                   "path and outcome.", _REQUEST_LABELS)
+_ATTEMPTS = Counter("toolrelay_upstream_attempts_total", "Upstream calls by tenant, route, the upstream called, "
+                    "path and the guard's verdict (clean, normalized, repaired, retry, upstream-error).",
+                    _ATTEMPT_LABELS)
+RETRIES = Counter("toolrelay_retries_total", "Upstream retries by tenant, route, the upstream that failed, path and "
+                  "cause (broken_output, upstream_error).", ["tenant", "route", "upstream", "path", "cause"])
 FINDINGS = Counter("toolrelay_findings_total", "Guard findings by kind.", ["kind"])
 CLIENT_CANCELLED = Counter("toolrelay_client_cancelled_total", "Requests whose client went away mid-response.")
 IN_FLIGHT = Gauge("toolrelay_requests_in_flight", "Requests being relayed.", multiprocess_mode="livesum")
@@ -35,15 +69,114 @@ DATABASE_UP = Gauge("toolrelay_database_up", "1 while the journal writer's last 
                     multiprocess_mode="livemin")
 CLIENT_TTFT = Histogram("toolrelay_client_ttft_seconds", "Time from request to first byte sent to the client.",
                         ["path"], buckets=_TTFT_BUCKETS)
-UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",
-                          buckets=_TTFT_BUCKETS)
+_UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",
+                           ["upstream"], buckets=_TTFT_BUCKETS)
+ADDED_LATENCY = Histogram("toolrelay_added_latency_seconds", "Time a client waited beyond the answering upstream "
+                          "call: retries, backoff and toolrelay's own work (usable answers only).",
+                          ["tenant", "route", "upstream", "path"], buckets=_ADDED_BUCKETS)
 
 
-def observe_request(tenant: str, path: str, outcome: str, ttft: float | None) -> None:
-    """Count a finished request; ``ttft`` in seconds (None when nothing was sent)."""
-    REQUESTS.labels(tenant=tenant, path=path, outcome=outcome).inc()
+class _Bounded:
+    """Per-label sets of the values seen; a value past ``LABEL_VALUES_MAX`` becomes ``OTHER``."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, label: str, value: str | None) -> str:
+        text = "".join(ch for ch in (value or UNKNOWN) if ch.isprintable())[:LABEL_CHARS_MAX] or UNKNOWN
+        with self._lock:
+            seen = self._seen.setdefault(label, set())
+            if text in seen:
+                return text
+            if len(seen) >= LABEL_VALUES_MAX:
+                return OTHER
+            seen.add(text)
+            return text
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+bounded = _Bounded()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLabels:
+    """The labels every series of one request shares; made by :func:`request_labels`."""
+
+    tenant: str
+    route: str
+    upstream: str
+    path: str
+
+
+def request_labels(*, tenant: str, route: str | None, upstream: str | None, path: str,
+                   routed: bool = True) -> RequestLabels:
+    """Labels of a request: ``tenant`` slug, the matched route's configured public name (None: the
+    tenant's default upstream), the plan's primary upstream name, the path. ``routed=False``: refused
+    before routing (``route`` and ``upstream`` are ``none``)."""
+    if not routed:
+        route, upstream = NO_ROUTE, NO_ROUTE
+    return RequestLabels(tenant=bounded("tenant", tenant), route=bounded("route", route or DEFAULT_ROUTE),
+                         upstream=bounded("upstream", upstream or NO_ROUTE), path=bounded("path", path))
+
+
+def observe_attempt(labels: RequestLabels, *, upstream: str, outcome: str, ttfb: float | None = None,
+                    findings: Iterable[str] = ()) -> None:
+    """Count one finished upstream call to ``upstream`` (its name) with the guard's ``outcome``;
+    ``ttfb`` in seconds (None: no byte came); ``findings``: the kinds of its findings."""
+    name = bounded("upstream", upstream)
+    _ATTEMPTS.labels(tenant=labels.tenant, route=labels.route, upstream=name, path=labels.path,
+                     outcome=bounded("outcome", outcome)).inc()
+    if ttfb is not None:
+        _UPSTREAM_TTFB.labels(upstream=name).observe(ttfb)
+    for kind in findings:
+        FINDINGS.labels(kind=bounded("kind", kind)).inc()
+
+
+def observe_retry(labels: RequestLabels, *, upstream: str, cause: str) -> None:
+    """Count a retry after a failed call to ``upstream``; ``cause`` is one of ``RETRY_CAUSES``."""
+    RETRIES.labels(tenant=labels.tenant, route=labels.route, upstream=bounded("upstream", upstream), path=labels.path,
+                   cause=cause if cause in RETRY_CAUSES else OTHER).inc()
+
+
+def observe_request(tenant: str | RequestLabels, path: str | None = None, outcome: str = UNKNOWN,
+                    ttft: float | None = None, *, added_latency: float | None = None) -> None:
+    """Count a finished request; ``ttft`` and ``added_latency`` in seconds (None: not applicable).
+
+    Takes :class:`RequestLabels` (``observe_request(labels, outcome=…, ttft=…, added_latency=…)``),
+    or the older ``(tenant, path, outcome, ttft)`` whose route and upstream are then ``unknown``.
+    """
+    labels = tenant if isinstance(tenant, RequestLabels) else RequestLabels(
+        bounded("tenant", tenant), UNKNOWN, UNKNOWN, bounded("path", path))
+    REQUESTS.labels(tenant=labels.tenant, route=labels.route, upstream=labels.upstream, path=labels.path,
+                    outcome=bounded("outcome", outcome)).inc()
     if ttft is not None:
-        CLIENT_TTFT.labels(path=path).observe(ttft)
+        CLIENT_TTFT.labels(path=labels.path).observe(ttft)
+    if added_latency is not None:
+        ADDED_LATENCY.labels(tenant=labels.tenant, route=labels.route, upstream=labels.upstream,
+                             path=labels.path).observe(max(0.0, added_latency))
+
+
+class _Unlabelled:
+    """The older call shapes (``ATTEMPTS.labels(outcome=…).inc()``, ``UPSTREAM_TTFB.observe(s)``) on
+    the labelled metrics, with the missing labels ``unknown``: the relay keeps working until it calls
+    :func:`observe_attempt`, which fills them."""
+
+    def __init__(self, metric: Any, names: list[str]) -> None:
+        self._metric, self._names = metric, names
+
+    def labels(self, **given: str) -> Any:
+        return self._metric.labels(**{name: given.get(name, UNKNOWN) for name in self._names})
+
+    def observe(self, value: float) -> None:
+        self.labels().observe(value)
+
+
+ATTEMPTS = _Unlabelled(_ATTEMPTS, _ATTEMPT_LABELS)
+UPSTREAM_TTFB = _Unlabelled(_UPSTREAM_TTFB, ["upstream"])
 
 
 def render() -> tuple[bytes, str]:

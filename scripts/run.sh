@@ -13,6 +13,17 @@ SITE_URL=${SITE_URL:-http://127.0.0.1:$PORT}
 export SIMULATOR_PORT SITE_URL
 children=()
 
+# Saved for what runs next to the demo: manage.py (the URLs that `apikey create`, `provision` and
+# `demo_setup` print) and scripts/tool_call_demo.py (where to send) read it.
+mkdir -p var
+cat > var/run.env <<EOF
+# Written by \`make run\` (scripts/run.sh) each time it starts; the environment overrides it.
+SITE_URL=${SITE_URL}
+PORT=${PORT}
+SIMULATOR_PORT=${SIMULATOR_PORT}
+UPSTREAM_URL=${UPSTREAM_URL:-}
+EOF
+
 cleanup() {
   for pid in "${children[@]}"; do
     kill "$pid" 2>/dev/null || true

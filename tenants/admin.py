@@ -4,8 +4,8 @@ Superusers see everything. Other staff users see the rows of the tenants they ar
 (``tenants.selectors.tenants_for_user``): the ``admin`` role may change them, ``viewer`` only looks.
 Rows of other tenants are not in the querysets at all, so their change pages answer exactly like a
 missing primary key. Writes with side effects go through ``tenants.services``. Secrets are
-write-only: a new API key is shown once, on the page that answers the form that created it; an
-upstream credential or its extra headers never.
+write-only: a new API key is shown once, on the page the form redirects to (a reload does not show
+it again, nor create another); an upstream credential or its extra headers never.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from tenants import crypto
 from tenants.admin_site import register_login_trail
 from tenants.models import (
     ApiKey,
@@ -37,12 +39,15 @@ from tenants.models import (
     validate_extra_headers,
     validate_header_value,
 )
+from tenants.policy_forms import PolicyFormMixin, policy_summary
 from tenants.selectors import tenants_for_user
 from tenants.services import api_key_create, api_key_revoke
 
 _M = TypeVar("_M", bound=models.Model)
 
-POLICY_HELP = "Blank = inherit ({})."
+POLICY_HELP = "“inherit” takes {}."
+#: Session entry holding a just-created key (encrypted) until the page that shows it is loaded.
+NEW_KEY_SESSION = "toolrelay_new_api_key"
 
 
 # ----- who may do what -----
@@ -180,8 +185,34 @@ class ApiKeyInline(TabularInline[ApiKey, Tenant]):
         return False
 
 
-class TenantForm(forms.ModelForm):  # type: ignore[type-arg]
-    """Offers only the tenant's own upstreams as its default upstream."""
+class PolicyAdminMixin:
+    """View-only pages show the guard policy as one table ("inherit (default: …)"), not as raw
+    nullable fields ("Unknown", ``null``)."""
+
+    policy_section = ""
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)  # type: ignore[misc]
+        if obj is None or self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            return fieldsets
+        return [(name, {**opts, "fields": ("policy_view",)}) if name == self.policy_section else (name, opts)
+                for name, opts in fieldsets]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*super().get_readonly_fields(request, obj), "policy_view")  # type: ignore[misc]
+
+    def policy_tenant(self, obj: Any) -> Tenant | None:
+        """Whose values the row inherits (None: the product defaults)."""
+        return None
+
+    @admin.display(description="guard policy")
+    def policy_view(self, obj: Any) -> Any:
+        return policy_summary(obj, self.policy_tenant(obj))
+
+
+class TenantForm(PolicyFormMixin):
+    """Offers only the tenant's own upstreams as its default upstream; policy fields say what
+    "inherit" means (the product defaults)."""
 
     class Meta:
         model = Tenant
@@ -196,10 +227,11 @@ class TenantForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Tenant)
-class TenantAdmin(TenantScopedAdmin[Tenant]):
+class TenantAdmin(PolicyAdminMixin, TenantScopedAdmin[Tenant]):
     """Tenants with their keys inline. Only superusers create or delete tenants."""
 
     form = TenantForm
+    policy_section = "Guard policy defaults"
     tenant_path = "pk"
     list_display = ("name", "slug", "active", "default_upstream", "active_keys", "created")
     list_filter = ("active",)
@@ -210,7 +242,7 @@ class TenantAdmin(TenantScopedAdmin[Tenant]):
     fieldsets = (
         (None, {"fields": ("name", "slug", "active", "default_upstream", "created")}),
         ("Guard policy defaults", {"fields": PolicyFields.POLICY_FIELDS,
-                                   "description": POLICY_HELP.format("the product default")}),
+                                   "description": POLICY_HELP.format("toolrelay's default")}),
     )
     inlines = (ApiKeyInline,)
 
@@ -319,10 +351,12 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
 
     def add_view(self, request: HttpRequest, form_url: str = "",
                  extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        """Ask for tenant, name and expiry; answer the POST with the new key, shown this once.
+        """Ask for tenant, name and expiry; create the key and redirect to the page that shows it once
+        (POST/redirect/GET: reloading that page never makes a second key).
 
-        The raw key lives only in this response: no redirect (it would need the key stored in the
-        session or a cookie to show it afterwards), and admin views are sent with ``no-store``.
+        Between the POST and the GET the raw key waits in the session encrypted (``tenants.crypto``,
+        as upstream credentials are), and the GET removes it: the session never holds it in clear,
+        nor for longer than one page load.
         """
         if not self.has_add_permission(request):
             raise PermissionDenied
@@ -332,9 +366,27 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
             key, raw = api_key_create(tenant=form.cleaned_data["tenant"], name=form.cleaned_data["name"],
                                       expires=form.cleaned_data["expires"])
             self.log_addition(request, key, [{"added": {}}])
-            return self._render(request, "created.html", title="New API key", key=key, raw_key=raw,
-                                base_url=f"{settings.SITE_URL}/v1", site_url=settings.SITE_URL)
+            request.session[NEW_KEY_SESSION] = {"id": key.pk, "token": crypto.encrypt(raw)}
+            return HttpResponseRedirect(reverse("admin:tenants_apikey_created", args=[key.pk]))
         return self._render(request, "create.html", title="Create an API key", form=form)
+
+    def created_view(self, request: HttpRequest, key_id: int) -> HttpResponse:
+        """The new key, shown on the first load after its creation only; later loads say it is gone."""
+        key = self.get_queryset(request).filter(pk=key_id).select_related("tenant").first()
+        if key is None or not self.has_view_permission(request, key):
+            raise Http404("No such API key.")
+        pending = request.session.get(NEW_KEY_SESSION)
+        raw = None
+        if isinstance(pending, dict) and pending.get("id") == key.pk:
+            del request.session[NEW_KEY_SESSION]
+            raw = crypto.decrypt(str(pending.get("token", "")))
+        return self._render(request, "created.html", title="New API key", key=key, raw_key=raw,
+                            base_url=f"{settings.SITE_URL}/v1", site_url=settings.SITE_URL)
+
+    def get_urls(self) -> list[URLPattern]:
+        created = path("<int:key_id>/created/", self.admin_site.admin_view(self.created_view),
+                       name="tenants_apikey_created")
+        return [created, *super().get_urls()]
 
     def _render(self, request: HttpRequest, template: str, **context: Any) -> TemplateResponse:
         request.current_app = self.admin_site.name
@@ -512,9 +564,24 @@ class RouteFallbackInline(TabularInline[RouteFallback, ModelRoute]):
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
+class RouteForm(PolicyFormMixin):
+    """A route's fields; its policy overrides inherit the tenant's effective values."""
+
+    class Meta:
+        model = ModelRoute
+        fields = ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
+                  *PolicyFields.POLICY_FIELDS)
+
+    def inherited_from(self) -> Tenant | None:
+        return self.instance.tenant if self.instance.tenant_id else None
+
+
 @admin.register(ModelRoute)
-class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
+class ModelRouteAdmin(PolicyAdminMixin, TenantScopedAdmin[ModelRoute]):
     """Model routes with their fallbacks and guard policy overrides."""
+
+    form = RouteForm
+    policy_section = "Guard policy overrides"
 
     list_display = ("public_name", "tenant", "upstream", "target", "max_output_tokens", "fallback_count")
     list_filter = (TenantFilter,)
@@ -525,7 +592,8 @@ class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
         (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
                            "request_deadline", "created")}),
         ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
-                                    "description": POLICY_HELP.format("the tenant's value")}),
+                                    "description": POLICY_HELP.format("the tenant's value (toolrelay's "
+                                                                      "default on a new route)")}),
     )
     inlines = (RouteFallbackInline,)
 
@@ -533,7 +601,10 @@ class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
         return super().get_queryset(request).annotate(fallback_total=Count("fallbacks"))
 
     def get_readonly_fields(self, request: HttpRequest, obj: ModelRoute | None = None) -> Any:
-        return (*self.readonly_fields, *(("tenant",) if obj is not None else ()))
+        return (*super().get_readonly_fields(request, obj), *(("tenant",) if obj is not None else ()))
+
+    def policy_tenant(self, obj: ModelRoute) -> Tenant | None:
+        return obj.tenant
 
     @admin.display(description="upstream model", ordering="upstream_model")
     def target(self, obj: ModelRoute) -> str:

@@ -8,9 +8,12 @@
   verified: the identity provider does the second factor.
 - When OIDC is configured (``OIDC_ENABLED``), the login page offers it.
 - axes' login records (successes, failures, lockouts) are shown read-only to superusers.
+- "toolrelay admin" branding, one Audit section that starts with the dashboard, and Celery beat's
+  schedule models only where a broker runs them.
 
-The site replaces Django's default one (``tenants.apps.ToolrelayAdminConfig``), so every
-``@admin.register`` uses it.
+The site replaces Django's default one (``tenants.admin_config.ToolrelayAdminConfig`` in
+``INSTALLED_APPS``, the documented way to replace the default site), so every ``@admin.register``
+uses it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,17 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import BACKEND_SESSION_KEY, user_login_failed
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, reverse
 from django_otp import devices_for_user, user_has_device
 from django_otp.forms import OTPAuthenticationFormMixin
 from django_otp.models import Device
 
+#: The audit section's order: the dashboard first, then the lists people open during an incident.
+AUDIT_ORDER = ("Dashboard", "ProxyRequest", "Finding", "Report", "Fragment")
+#: Apps shown first, in this order (the rest follow in Django's order).
+APP_ORDER = ("audit", "tenants")
+#: Apps whose models only do something with a Celery broker (periodic tasks run by beat).
+BROKER_ONLY_APPS = frozenset({"django_celery_beat"})
 #: The session's auth backend when the login came through single sign-on.
 OIDC_BACKEND = "mozilla_django_oidc.auth.OIDCAuthenticationBackend"
 
@@ -77,12 +87,30 @@ class LoginForm(AdminAuthenticationForm, OTPAuthenticationFormMixin):  # type: i
 
 
 class ToolrelayAdminSite(admin.AdminSite):
-    """The admin, with ``LoginForm`` and the second-factor rule on every page."""
+    """The admin, with ``LoginForm`` and the second-factor rule on every page, branded, with the audit
+    dashboard inside the Audit section."""
 
-    site_header = "toolrelay"
+    site_header = "toolrelay admin"
     site_title = "toolrelay admin"
+    index_title = "toolrelay admin"
     login_form = LoginForm
     login_template = "admin/toolrelay_login.html"
+    # The sidebar takes 300 px of every page; the incident lists need them (the index and the
+    # breadcrumbs still lead everywhere).
+    enable_nav_sidebar = False
+    site_url = None  # nothing is served at "/": no "View site" link
+
+    def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        """Django's list, less the broker-only apps when no broker is configured, with a Dashboard
+        entry leading the Audit section (the index, the app page and the sidebar all use this)."""
+        apps = super().get_app_list(request, app_label)
+        if not settings.CELERY_BROKER_URL:
+            apps = [app for app in apps if app["app_label"] not in BROKER_ONLY_APPS]
+        for app in apps:
+            if app["app_label"] == "audit":
+                app["models"] = _audit_models(app["models"])
+        first = {label: n for n, label in enumerate(APP_ORDER)}
+        return sorted(apps, key=lambda app: first.get(app["app_label"], len(first)))
 
     def has_permission(self, request: HttpRequest) -> bool:
         if not super().has_permission(request):
@@ -95,6 +123,17 @@ class ToolrelayAdminSite(admin.AdminSite):
     def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context = {"oidc_enabled": settings.OIDC_ENABLED, **(extra_context or {})}
         return super().login(request, extra_context=context)
+
+
+def _audit_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    try:
+        url = reverse("admin:audit_dashboard")
+    except NoReverseMatch:
+        return models
+    dashboard = {"name": "Dashboard", "object_name": "Dashboard", "admin_url": url, "add_url": None,
+                 "view_only": True, "perms": {"view": True}}
+    rank = {name: n for n, name in enumerate(AUDIT_ORDER)}
+    return sorted([dashboard, *models], key=lambda m: rank.get(m["object_name"], len(rank)))
 
 
 class _ReadOnly:

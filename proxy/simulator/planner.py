@@ -148,6 +148,8 @@ def _plan_gen(ctx: PlanContext, *, clean: bool = False) -> Reply:
         calls=scenario.get_int("calls", 2),
         text=scenario.get_int("text", 1) != 0,
         reasoning=scenario.get_int("reasoning", 0) != 0,
+        rounds=scenario.get_int("rounds", 0) if "rounds" in scenario.options else None,
+        seed=scenario.get_int("seed", config.seed),
     )
     turn = generate_turn(ctx.body, options, ctx.rng("turn"))
     fault = _draw_fault(ctx, turn, rate) if rate > 0 else None

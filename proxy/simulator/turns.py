@@ -7,6 +7,7 @@ arguments, a finish reason and usage. Faults (``faults.py``) change how a turn g
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -62,6 +63,10 @@ class GenOptions:
     calls: int = 2  # 0: text only, even with tools
     text: bool = True
     reasoning: bool = False
+    #: Tool rounds after which the conversation ends with a text answer; None: 1 or 2, drawn per
+    #: conversation from ``seed`` and its first user message (see :func:`conversation_over`).
+    rounds: int | None = None
+    seed: int = 0
 
 
 def declared_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -119,7 +124,7 @@ def generate_turn(body: dict[str, Any], options: GenOptions, rng: random.Random)
     """A realistic turn for ``body``: tool calls fitting its ``tools`` (text only without tools)."""
     turn = new_turn(body, rng)
     tools = _callable_tools(body)
-    if tools and options.calls > 0:
+    if tools and options.calls > 0 and not conversation_over(body, options):
         chosen = _choose_tools(tools, options.calls, rng)
         turn.calls = [new_call(tool, rng, number=i) for i, tool in enumerate(chosen)]
     frames = options.frames if options.frames is not None else (4 if turn.calls else 20)
@@ -145,6 +150,42 @@ def finish(turn: Turn, body: dict[str, Any]) -> None:
     prompt = len(json.dumps(body.get("messages"), default=str)) // 4 + 1
     completion = len(turn.content) + len(turn.reasoning) + sum(len(c.fragments) + 2 for c in turn.calls)
     turn.usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def tool_rounds(body: dict[str, Any]) -> int:
+    """How many tool rounds ``messages`` already holds: assistant messages with ``tool_calls``
+    answered by at least one ``role: "tool"`` message (PROTOCOLS.md 1.5, the agent loop)."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    rounds = 0
+    for number, message in enumerate(messages):
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            following = messages[number + 1 : number + 2]
+            rounds += bool(following and following[0].get("role") == "tool")
+    return rounds
+
+
+def round_limit(body: dict[str, Any], options: GenOptions) -> int:
+    """Tool rounds before the text answer: ``options.rounds``, else 1 or 2 for this conversation.
+
+    The draw depends on the seed and the first user message only, so every turn of one agent
+    conversation agrees on it.
+    """
+    if options.rounds is not None:
+        return options.rounds
+    first = next((m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"), {})
+    text = json.dumps(first.get("content"), sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{options.seed}|{text}".encode()).digest()
+    return 1 + digest[0] % 2
+
+
+def conversation_over(body: dict[str, Any], options: GenOptions) -> bool:
+    """True when this turn should end the agent's loop with text: the history already has
+    :func:`round_limit` tool rounds, and ``tool_choice`` does not demand a call (``"required"`` or a
+    named function; a text answer would violate it)."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return False
+    return tool_rounds(body) >= round_limit(body, options)
 
 
 def _callable_tools(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -41,6 +41,9 @@ def expected_figures(rows: AuditRows) -> dict[str, Any]:
             "requests": 7, "guarded": 6, "guarded_share": 0.8571, "touched": 5, "corrupted": 3,
             "corruption_rate": 0.5, "recovered": 2, "exhausted": 1, "attempts": 12, "prompt_tokens": 7000,
             "completion_tokens": 850, "wasted_completion_tokens": 250, "wasted_seconds": 8.0, "findings": 9,
+            # Guarded attempts 1+2+3+1+1+3; with a finding: r2 #0, r4 #0-2, r5 #0, r7 #0, r6 #0-1; fatal
+            # (retry): r2 #0, r4 #0-2, r6 #0-1.
+            "guarded_attempts": 11, "faulty_attempts": 8, "attempt_fault_rate": 0.7273, "failed_attempts": 6,
         },
         "outcomes": {**ZERO_OUTCOMES, "clean": 2, "normalized": 1, "repaired": 1, "recovered-by-retry": 2,
                      "exhausted": 1},

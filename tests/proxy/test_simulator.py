@@ -648,3 +648,42 @@ def test_it_runs_as_a_management_command() -> None:
         finally:
             process.terminate()
             process.wait(timeout=10)
+
+
+# --- agent loops end ----------------------------------------------------------------------------
+
+
+def _history(tag: str, rounds: int) -> list[dict[str, Any]]:
+    """A conversation with ``rounds`` answered tool rounds after the user's message ``tag``."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": tag}]
+    for n in range(rounds):
+        call = {"id": f"call_{n}", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"call_{n}", "content": "file text"}]
+    return messages
+
+
+def test_it_ends_every_generated_conversation_with_text_after_one_or_two_tool_rounds(client: httpx.Client) -> None:
+    """An agent loop on plain ``gen`` finishes: tool calls first, then after 1 or 2 answered rounds a
+    text turn with finish ``stop`` (each conversation keeps its own limit)."""
+    limits = set()
+    for n in range(12):
+        tag = f"agent loop {n}"
+        bodies = [{**_body(tag, tools=ALL_TOOLS), "messages": _history(tag, r)} for r in range(3)]
+        turns = [_accumulate(_chat(client, "gen", body).content) for body in bodies]
+        assert turns[0]["calls"] and turns[0]["finish"] == ["tool_calls"]
+        ended = next(r for r, turn in enumerate(turns) if not turn["calls"])
+        assert ended in (1, 2) and turns[ended]["content"] and turns[ended]["finish"] == ["stop"]
+        assert all(not turn["calls"] for turn in turns[ended:])
+        limits.add(ended)
+    assert limits == {1, 2}
+
+
+def test_it_takes_the_round_limit_from_the_scenario_and_obeys_a_required_tool_choice(client: httpx.Client) -> None:
+    """``rounds=N`` sets the limit; ``tool_choice: "required"`` (or a named tool) never gets a text answer."""
+    tag = "rounds option"
+    body = {**_body(tag, tools=ALL_TOOLS), "messages": _history(tag, 3)}
+    assert _accumulate(_chat(client, "gen:rounds=4", body).content)["calls"]
+    assert not _accumulate(_chat(client, "gen:rounds=3", body).content)["calls"]
+    assert _accumulate(_chat(client, "gen:rounds=1", {**body, "tool_choice": "required"}).content)["calls"]
+    assert not _accumulate(_chat(client, "gen:rounds=0", _body("rounds zero", tools=ALL_TOOLS)).content)["calls"]

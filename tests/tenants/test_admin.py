@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tenants.auth import principal_for_key
-from tenants.models import ApiKey, Membership, ModelRoute, Upstream
+from tenants.models import ApiKey, Membership, ModelRoute, Tenant, Upstream
 from tests.conftest import CREDENTIAL_A, CREDENTIAL_B, HEADER_SECRET_A, TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -115,11 +115,17 @@ def _upstream_form(world: TenantWorld) -> dict[str, str]:
 # ----- a new key, once -----
 
 def test_it_shows_a_new_key_once_and_never_again(login: Login, admin_a: User, world_a: TenantWorld) -> None:
-    """The POST that creates a key answers with it; no later page, session row or log entry holds it."""
+    """The POST that creates a key redirects to the page that shows it once (with a copy button); a
+    reload shows no key and makes no second one; no other page, session row or log entry holds it."""
     client = login(admin_a)
-    response = client.post(_url("apikey", "add"), {"tenant": world_a.tenant.pk, "name": "ci-bot", "expires": ""})
-    assert response.status_code == 200
+    posted = client.post(_url("apikey", "add"), {"tenant": world_a.tenant.pk, "name": "ci-bot", "expires": ""})
+    assert posted.status_code == 302 and not RAW_KEY.search(posted.content.decode())
+    response = client.get(posted["Location"])
+    assert response.status_code == 200 and 'id="copy-api-key"' in response.content.decode()
     assert "no-store" in response["Cache-Control"]
+    reloaded = client.get(posted["Location"]).content.decode()
+    assert not RAW_KEY.search(reloaded) and "is not shown again" in reloaded
+    assert ApiKey.objects.filter(name="ci-bot").count() == 1
     found = RAW_KEY.findall(response.content.decode())
     assert found and len(set(found)) == 1
     raw = found[0]
@@ -127,6 +133,7 @@ def test_it_shows_a_new_key_once_and_never_again(login: Login, admin_a: User, wo
     assert principal is not None and principal.tenant_id == world_a.tenant.pk
     key = ApiKey.objects.get(name="ci-bot")
     for url in (_url("apikey", "add"), _url("apikey", "changelist"), _url("apikey", "change", key.pk),
+                posted["Location"],
                 _url("tenant", "change", world_a.tenant.pk), _url("apikey", "history", key.pk), reverse("admin:index")):
         html = _html(client, url)
         assert raw not in html and raw.split("-", 2)[2] not in html
@@ -263,3 +270,58 @@ def test_it_shows_nothing_without_staff_status(login: Login, world_a: TenantWorl
     client = login(loner)
     assert "Tenants" not in _html(client, reverse("admin:index"))
     assert client.get(_url("upstream", "changelist")).status_code == 403
+
+
+def test_a_new_key_page_is_only_for_the_keys_tenant(login: Login, admin_a: User, outsider_b: User,
+                                                    world_a: TenantWorld) -> None:
+    """Another tenant's admin asking for the page of A's new key gets a 404, and the key stays pending
+    for nobody else: the session entry belongs to the session that created it."""
+    posted = login(admin_a).post(_url("apikey", "add"), {"tenant": world_a.tenant.pk, "name": "mine"})
+    other = Client()
+    other.force_login(outsider_b)
+    assert other.get(posted["Location"]).status_code == 404
+
+
+@pytest.mark.parametrize("model, tenant_default", [("tenant", True), ("modelroute", False)])
+def test_policy_fields_say_what_inherit_means(model: str, tenant_default: bool, login: Login, admin_a: User,
+                                              viewer_a: User, world_a: TenantWorld) -> None:
+    """Editable: "inherit (default: …)" choices, no "Unknown", no null text box; the tenant's values
+    flow into its routes' defaults. View-only: one table in the same words."""
+    world_a.tenant.max_retries, world_a.tenant.early_abort = 5, False
+    world_a.tenant.save()
+    pk = world_a.tenant.pk if model == "tenant" else world_a.route.pk
+    html = _html(login(admin_a), _url(model, "change", pk))
+    assert "Unknown" not in html and ">null<" not in html and 'value="null"' not in html
+    assert "inherit (default: yes)" in html and "inherit (default: all 7 repairs)" in html
+    assert "inherit (default: message)" in html and "inherit (default: offending)" in html
+    if not tenant_default:
+        assert 'placeholder="inherit (default: 5)"' in html and "inherit (default: no)" in html
+    view = _html(login(viewer_a), _url(model, "change", pk))
+    assert "Unknown" not in view and "null" not in view.split('id="content"', 1)[1].split("</form>", 1)[0]
+    assert "inherit (default: all 7 repairs)" in view
+
+
+def test_policy_fields_save_inherit_and_explicit_values(login: Login, superuser: User, world_a: TenantWorld) -> None:
+    """Posting "inherit" stores None / blank; ticked repairs store a list; none ticked stores []."""
+    client = login(superuser)
+    base = {"name": world_a.tenant.name, "slug": world_a.tenant.slug, "active": "on",
+            "default_upstream": world_a.upstream.pk, "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0",
+            "_save": "Save"}
+    explicit = {**base, "max_retries": "3", "stream_text": "False", "early_abort": "", "exhaustion": "error",
+                "allowed_repairs": ["code-fence", "name-prefix"], "fragment_storage": "attempt", "retention_days": ""}
+    assert client.post(_url("tenant", "change", world_a.tenant.pk), explicit).status_code == 302
+    tenant = Tenant.objects.get(pk=world_a.tenant.pk)
+    assert (tenant.max_retries, tenant.stream_text, tenant.early_abort, tenant.exhaustion) == (3, False, None, "error")
+    assert tenant.allowed_repairs == ["code-fence", "name-prefix"] and tenant.fragment_storage == "attempt"
+    shown = _html(client, _url("tenant", "change", world_a.tenant.pk))
+    assert '<option value="False" selected>no</option>' in shown and '<option value="error" selected>' in shown
+    assert re.search(r'value="code-fence"[^>]*checked', shown) and not re.search(r'value="inherit"[^>]*checked', shown)
+    inherit = {**base, "max_retries": "", "stream_text": "", "exhaustion": "", "allowed_repairs": ["inherit"],
+               "fragment_storage": "", "retention_days": ""}
+    assert client.post(_url("tenant", "change", world_a.tenant.pk), inherit).status_code == 302
+    tenant = Tenant.objects.get(pk=world_a.tenant.pk)
+    assert tenant.policy_overrides() == {}
+    assert client.post(_url("tenant", "change", world_a.tenant.pk), base).status_code == 302
+    assert Tenant.objects.get(pk=world_a.tenant.pk).allowed_repairs == []
+    mixed = {**base, "allowed_repairs": ["inherit", "code-fence"]}
+    assert "Untick" in client.post(_url("tenant", "change", world_a.tenant.pk), mixed).content.decode()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
@@ -179,3 +181,44 @@ def test_it_points_the_demo_at_a_real_upstream(monkeypatch: pytest.MonkeyPatch) 
     upstream = Tenant.objects.get(name="demo").default_upstream
     assert upstream is not None and upstream.base_url == "https://api.deepseek.com/v1"
     assert upstream.credential() == "sk-demo-real-0042" and "sk-demo-real-0042" not in output
+
+
+@override_settings(UPSTREAM_ALLOW_NETWORKS=["127.0.0.1/32"])
+def test_it_writes_the_first_run_login_to_a_private_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The password and key printed once are also in a mode-600 file whose path is printed."""
+    monkeypatch.delenv("UPSTREAM_URL", raising=False)
+    path = tmp_path / "var" / "demo-credentials.txt"
+    output = _run("demo_setup", "--credentials-file", str(path))
+    password = re.search(r"password (\S+)", output)
+    raw = RAW_KEY.search(output)
+    assert password is not None and raw is not None
+    assert str(path.resolve()) in output and stat.S_IMODE(path.stat().st_mode) == 0o600
+    saved = path.read_text()
+    assert password.group(1) in saved and raw.group(0) in saved and f"{settings.SITE_URL}/admin/" in saved
+
+
+@override_settings(UPSTREAM_ALLOW_NETWORKS=["127.0.0.1/32"])
+def test_it_moves_the_demo_to_the_simulators_new_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A later run on another SIMULATOR_PORT points the demo tenant there; a real upstream is never moved."""
+    monkeypatch.delenv("UPSTREAM_URL", raising=False)
+    monkeypatch.setenv("SIMULATOR_PORT", "8123")
+    _run("demo_setup", "--credentials-file", str(tmp_path / "c.txt"))
+    monkeypatch.setenv("SIMULATOR_PORT", "9123")
+    assert "moved from http://127.0.0.1:8123/v1 to http://127.0.0.1:9123/v1" in _run("demo_setup")
+    upstream = Tenant.objects.get(name="demo").default_upstream
+    assert upstream is not None and upstream.base_url == "http://127.0.0.1:9123/v1"
+    upstream_upsert(tenant=upstream.tenant, name=upstream.name, base_url="https://api.deepseek.com/v1")
+    assert "moved" not in _run("demo_setup")
+    assert Upstream.objects.get(pk=upstream.pk).base_url == "https://api.deepseek.com/v1"
+
+
+def test_it_reads_the_ports_make_run_saved_without_overriding_the_environment(tmp_path: Path) -> None:
+    """``load_run_settings`` (manage.py) takes SITE_URL and the ports from var/run.env; the environment
+    wins, and nothing else in the file is taken."""
+    from config.env import load_run_settings
+
+    run_env = tmp_path / "run.env"
+    run_env.write_text("# comment\nSITE_URL=http://127.0.0.1:9000\nPORT=9000\nSIMULATOR_PORT=9001\nSECRET_KEY=no\n")
+    environ = {"SIMULATOR_PORT": "7001"}
+    load_run_settings(run_env, environ)
+    assert environ == {"SITE_URL": "http://127.0.0.1:9000", "PORT": "9000", "SIMULATOR_PORT": "7001"}
