@@ -256,3 +256,25 @@ def responses_output(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
         state.event(data)
     assert state.terminal is not None, "the stream ended without response.completed / incomplete / failed"
     return state.done, state.terminal
+
+
+# -- OpenAI Chat history ---------------------------------------------------------------------------
+
+
+def assert_tool_pairing(messages: list[dict[str, Any]]) -> None:
+    """A chat history as upstreams accept it (PROTOCOLS.md 1.1): each assistant message with
+    ``tool_calls`` is followed at once by one string ``tool`` message per call id, in order; no
+    other ``tool`` message; no two assistant messages in a row."""
+    for i, message in enumerate(messages):
+        if message["role"] == "tool":
+            assert isinstance(message["content"], str)
+            previous = next(m for m in reversed(messages[:i]) if m["role"] != "tool")
+            assert previous["role"] == "assistant" and message["tool_call_id"] in [
+                c["id"] for c in previous.get("tool_calls") or []], f"tool message {i} answers no call"
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            ids = [c["id"] for c in message["tool_calls"]]
+            assert len(set(ids)) == len(ids), "repeated call id"
+            following = messages[i + 1 : i + 1 + len(ids)]
+            assert [(m["role"], m.get("tool_call_id")) for m in following] == [("tool", x) for x in ids]
+        if message["role"] == "assistant" and i:
+            assert messages[i - 1]["role"] != "assistant", "consecutive assistant messages"

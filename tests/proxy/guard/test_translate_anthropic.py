@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from proxy.guard.tool_history import MISSING_RESULT
 from proxy.guard.translate import TranslationError, upstream_tool_name
 from proxy.guard.translate_anthropic import count_tokens_body, translate_messages
+from tests.protocol_grammar import assert_tool_pairing
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -441,18 +442,7 @@ def test_every_call_is_followed_at_once_by_exactly_one_string_tool_message_per_i
     """Whatever the order of results, system messages, duplicates and gaps (issue 13 item 2)."""
     messages = translate_messages(request(tools=[WEATHER], messages=[{"role": "user", "content": "go"}, *turns]
                                           )).body["messages"]
-    for i, message in enumerate(messages):
-        if message["role"] == "tool":
-            assert isinstance(message["content"], str)
-            previous = next(m for m in reversed(messages[:i]) if m["role"] != "tool")
-            assert previous["role"] == "assistant" and message["tool_call_id"] in [c["id"] for c in
-                                                                                   previous["tool_calls"]]
-        if message["role"] == "assistant" and message.get("tool_calls"):
-            ids = [c["id"] for c in message["tool_calls"]]
-            following = messages[i + 1 : i + 1 + len(ids)]
-            assert [(m["role"], m["tool_call_id"]) for m in following] == [("tool", x) for x in ids]
-        if message["role"] == "assistant" and i:
-            assert messages[i - 1]["role"] != "assistant", "consecutive assistant messages are merged"
+    assert_tool_pairing(messages)
 
 
 # -- documents and images: carried or refused, never dropped in silence ----------------------------
