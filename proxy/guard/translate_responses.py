@@ -21,7 +21,8 @@ Mapping (request shapes from openai-python ``src/openai/types/responses/response
   (consecutive calls, and the text and reasoning just before them, form one assistant message, as
   a chat upstream produced them); ``function_call_output``, ``custom_tool_call_output`` and
   ``local_shell_call_output`` -> a ``tool`` message whose content is one string (list outputs:
-  text joined, images and files carried in a user message after the tool messages).
+  text joined, images and files carried in a user message after the tool messages); an output
+  without ``call_id`` (Codex's ``agent.goal_objective`` context) -> user text naming it, reported.
 - ``reasoning`` (``reasoning_text`` content, else its summary text) -> ``reasoning_content`` of
   the next assistant message (DeepSeek thinking mode needs it back on tool-call turns, 2.8);
   ``encrypted_content`` (opaque to any upstream but OpenAI's) is dropped and reported, as is
@@ -306,6 +307,9 @@ class _Translator:
         if kind == "local_shell_call_output":
             raw = require_str(item.get("call_id") or item.get("id"), f"{where}.id")
             call_id = self.shell_ids.get(raw, raw)
+        elif item.get("call_id") in (None, ""):
+            self.context_output(item, where)
+            return
         else:
             call_id = require_str(item.get("call_id"), f"{where}.call_id")
         output = item.get("output", "")
@@ -317,6 +321,17 @@ class _Translator:
         self.out.append({"role": "tool", "tool_call_id": call_id, "content": output})
         if media:
             self.out.append({"role": "user", "content": media})
+
+    def context_output(self, item: dict[str, Any], where: str) -> None:
+        """An output that answers no call: Codex 0.171.0 sends ``{"type": "function_call_output",
+        "name": "goal_objective", "namespace": "agent", "output": …}`` without ``call_id`` after its
+        goal tools (seen through the proxy). Carried as user text naming it, and reported."""
+        name = ".".join(str(item[k]) for k in ("namespace", "name") if isinstance(item.get(k), str) and item[k])
+        output = item.get("output", "")
+        text = output if isinstance(output, str) else self.text(require_list(output, f"{where}.output"),
+                                                                f"{where}.output")
+        self.out.append({"role": "user", "content": f"[{name or 'tool'} output]\n{text}"})
+        self.dropped.append(f"{where} ({item.get('type')} without call_id, sent as user text)")
 
     def output_parts(self, parts: list[Any], path: str, call_id: str) -> tuple[str, list[dict[str, Any]]]:
         """A list output as (its text, the user parts carrying its images and files)."""

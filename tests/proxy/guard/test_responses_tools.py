@@ -286,3 +286,17 @@ def test_any_codex_history_becomes_a_chat_history_upstreams_accept(items: list[d
     body = translate_responses(request(input=[{"role": "user", "content": "go"}, *items],
                                        tools=[EXEC, APPLY_PATCH, {"type": "local_shell"}])).body
     assert_tool_pairing(body["messages"])
+
+
+def test_it_carries_an_output_without_call_id_as_user_text_instead_of_refusing() -> None:
+    """Codex 0.171.0 sends this after ``create_goal`` (captured through the proxy, docs/clients.md)."""
+    items = [{"role": "user", "content": "go"},
+             {"type": "function_call", "call_id": "c1", "name": "create_goal", "arguments": '{"objective":"x"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": '{"goal":{}}'},
+             {"type": "function_call_output", "id": "fco_1", "name": "goal_objective", "namespace": "agent",
+              "output": "bravo module alpha"}]
+    result = translate_responses(request(input=items))
+    assert result.body["messages"][3] == {"role": "user",
+                                          "content": "[agent.goal_objective output]\nbravo module alpha"}
+    assert result.dropped == ("input[3] (function_call_output without call_id, sent as user text)",)
+    assert_tool_pairing(result.body["messages"])
