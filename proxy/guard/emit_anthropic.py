@@ -205,7 +205,7 @@ class AnthropicMessagesEmitter:
             content.append({"type": "thinking", "thinking": choice.reasoning,
                             "signature": thinking_signature(choice.reasoning)})
         text = (choice.content or "") + (choice.refusal or "")
-        if text:
+        if text.strip() or (text and not choice.tool_calls):  # no blank text block before a tool_use (issue 13)
             content.append({"type": "text", "text": text})
         for call, call_id in zip(choice.tool_calls, tool_use_ids(choice.tool_calls), strict=True):
             content.append({"type": "tool_use", "id": call_id, "name": self.tool_names.get(call.name, call.name),

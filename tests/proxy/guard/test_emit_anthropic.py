@@ -319,3 +319,11 @@ def test_it_sends_one_ascii_json_document_per_data_line() -> None:
     message = final_message(data)
     assert message.content[0].thinking == text and message.content[1].text == text  # type: ignore[union-attr]
     assert message.content[2].input == {"t": text}  # type: ignore[union-attr]
+
+
+def test_a_non_stream_message_has_no_blank_text_block_before_a_tool_use() -> None:
+    """Claude Code falls back to ``stream: false`` and renders a blank text block too (issue 13)."""
+    turn = Turn(choices=[ChoiceTurn(content="\n\n", tool_calls=[ToolCall("c", "f", "{}")], finish_reason="tool_calls")])
+    assert [b["type"] for b in emitter().complete(turn)["content"]] == ["tool_use"]
+    plain = Turn(choices=[ChoiceTurn(content="\n", finish_reason="stop")])
+    assert emitter().complete(plain)["content"] == [{"type": "text", "text": "\n"}]

@@ -300,3 +300,25 @@ def test_it_carries_an_output_without_call_id_as_user_text_instead_of_refusing()
                                           "content": "[agent.goal_objective output]\nbravo module alpha"}
     assert result.dropped == ("input[3] (function_call_output without call_id, sent as user text)",)
     assert_tool_pairing(result.body["messages"])
+
+
+_junk = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                 max_size=2), max_leaves=6)
+_kinds = st.sampled_from(["function", "custom", "local_shell", "namespace", "web_search"])
+_tool = st.fixed_dictionaries({"type": _kinds},
+                              optional={"name": st.one_of(st.sampled_from(["apply_patch", "x"]), _junk),
+                                        "format": st.one_of(st.just({"type": "grammar", "definition": "d"}), _junk),
+                                        "description": _junk, "parameters": _junk, "tools": _junk})
+
+
+@settings(max_examples=300, deadline=None)
+@given(tools=st.lists(_tool, max_size=4), choice=st.one_of(_junk, st.just({"type": "custom", "name": "apply_patch"})))
+def test_any_tool_declaration_translates_or_is_refused_with_a_param(tools: list[Any], choice: Any) -> None:
+    try:
+        result = translate_responses(request(tools=tools, tool_choice=choice))
+    except TranslationError as exc:
+        assert exc.param
+        return
+    json.dumps(result.body)
+    assert all(t["type"] == "function" for t in result.body.get("tools", []))

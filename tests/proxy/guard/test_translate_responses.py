@@ -231,10 +231,12 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_siz
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
                                                                                  max_size=3), max_leaves=12)
 _item = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "other"]),
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "other",
+                             "custom_tool_call", "custom_tool_call_output", "local_shell_call",
+                             "local_shell_call_output", "item_reference"]),
     "role": st.sampled_from(["user", "assistant", "developer", "system", "x"]),
     "content": _json, "call_id": _json, "name": _json, "arguments": _json, "output": _json, "summary": _json,
-    "namespace": _json})
+    "namespace": _json, "input": _json, "action": _json, "id": _json, "encrypted_content": _json})
 
 
 @settings(max_examples=300, deadline=None)
