@@ -22,7 +22,8 @@ Mapping (request shapes from openai-python ``src/openai/types/responses/response
   a chat upstream produced them); ``function_call_output``, ``custom_tool_call_output`` and
   ``local_shell_call_output`` -> a ``tool`` message whose content is one string (list outputs:
   text joined, images and files carried in a user message after the tool messages); an output
-  without ``call_id`` (Codex's ``agent.goal_objective`` context) -> user text naming it, reported.
+  without ``call_id`` but with a ``name`` (Codex's ``agent.goal_objective`` context) -> user text
+  naming it, reported.
 - ``reasoning`` (``reasoning_text`` content, else its summary text) -> ``reasoning_content`` of
   the next assistant message (DeepSeek thinking mode needs it back on tool-call turns, 2.8);
   ``encrypted_content`` (opaque to any upstream but OpenAI's) is dropped and reported, as is
@@ -307,7 +308,7 @@ class _Translator:
         if kind == "local_shell_call_output":
             raw = require_str(item.get("call_id") or item.get("id"), f"{where}.id")
             call_id = self.shell_ids.get(raw, raw)
-        elif item.get("call_id") in (None, ""):
+        elif item.get("call_id") in (None, "") and isinstance(item.get("name"), str) and item["name"]:
             self.context_output(item, where)
             return
         else:

@@ -322,3 +322,9 @@ def test_any_tool_declaration_translates_or_is_refused_with_a_param(tools: list[
         return
     json.dumps(result.body)
     assert all(t["type"] == "function" for t in result.body.get("tools", []))
+
+
+def test_it_still_refuses_an_output_with_neither_call_id_nor_name() -> None:
+    with pytest.raises(TranslationError) as caught:
+        translate_responses(request(input=[{"type": "function_call_output", "output": "x"}]))
+    assert caught.value.param == "input[0].call_id"
