@@ -10,14 +10,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first, so code changes do not reinstall them.
+# Dependencies first, so code changes do not reinstall them: exactly the hashed lock file
+# (`make lock` regenerates it from pyproject.toml); the project itself runs from /app.
+COPY requirements/runtime.txt requirements/runtime.txt
+RUN pip install --require-hashes --no-deps -r requirements/runtime.txt
+
 COPY pyproject.toml README.md ./
 COPY config config
 COPY proxy proxy
 COPY tenants tenants
 COPY audit audit
-RUN pip install .
-
 COPY templates templates
 COPY manage.py ./
 # Only the staticfiles checks run here, so no secrets are needed at build time.

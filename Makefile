@@ -9,7 +9,12 @@ BIN := $(VENV)/bin
 STAMP := var/install.stamp
 SECRETS := var/secrets.env
 
-.PHONY: help install run test format lint typecheck up bench bench-quick
+# The lock-file tools (uv, pip-audit) live in a venv of their own, made on first use.
+SUPPLY := var/supply-chain-venv
+UV_COMPILE = $(SUPPLY)/bin/uv pip compile pyproject.toml --universal --generate-hashes --python-version 3.11 \
+	--index-url https://pypi.org/simple --no-config --no-header --quiet
+
+.PHONY: help install run test format lint typecheck up bench bench-quick lock audit-deps
 
 help:
 	@echo "make run        serve the demo on http://127.0.0.1:8000 (first run prints an admin login and an API key)"
@@ -19,6 +24,8 @@ help:
 	@echo "make format     ruff check --fix, then ruff format"
 	@echo "make typecheck  mypy --strict with the django-stubs plugin"
 	@echo "make up         docker compose up (needs a .env; see .env.example)"
+	@echo "make lock       regenerate requirements/*.txt (hashed lock files) from pyproject.toml"
+	@echo "make audit-deps pip-audit over the lock files (says \"skipped\" when advisories cannot be reached)"
 	@echo "make bench      benchmark: direct, bare Channels relay, toolrelay, LiteLLM side by side (~8 min; docs/benchmarks.md)"
 	@echo "make bench-quick  the same with small counts (~2 min)"
 
@@ -67,3 +74,20 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/run.py --quick --json var/bench/last-quick.json
+
+# Hashed lock files from pyproject.toml (the one place for ranges): runtime for the Docker image,
+# dev for a reproducible development venv. `make install` still installs from pyproject.toml.
+$(SUPPLY)/pyvenv.cfg: pyproject.toml
+	$(PYTHON) -m venv $(SUPPLY)
+	$(SUPPLY)/bin/pip install --disable-pip-version-check -q $$($(PYTHON) -c 'import tomllib; \
+	print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["supply-chain"]))')
+	@touch $@
+
+lock: $(SUPPLY)/pyvenv.cfg
+	@mkdir -p requirements
+	$(UV_COMPILE) -o requirements/runtime.txt
+	$(UV_COMPILE) --extra dev -o requirements/dev.txt
+
+audit-deps:
+	@$(MAKE) -s $(SUPPLY)/pyvenv.cfg || { echo "audit-deps: skipped: pip-audit cannot be installed here"; exit 0; }
+	@$(SUPPLY)/bin/python scripts/audit_deps.py

@@ -27,10 +27,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from audit import views
-from audit.fragments import render_context, render_fragment, render_frames, split_frames
+from audit.fragments import CSS, render_context, render_fragment, render_frames, split_frames
 from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from audit.report_services import report_delete, report_enqueue
-from audit.scoping import can_view_audit, visible_tenant_ids, visible_tenants
+from audit.scoping import can_manage_audit, can_view_audit, managed_tenant_ids, visible_tenant_ids, visible_tenants
 from tenants.models import Tenant, Upstream
 
 _M = TypeVar("_M", bound=models.Model)
@@ -291,6 +291,9 @@ class FindingAdmin(AuditAdmin[Finding]):
               "slot", "frame", "byte_offset", "detail", "offending_frame", "context")
     readonly_fields = ("request_link", "attempt_number", "offending_frame", "context")
 
+    class Media:
+        css = {"all": [CSS]}
+
     @admin.display(description="tenant")
     def tenant(self, obj: Finding) -> str:
         return getattr(obj, "tenant_name", None) or "–"
@@ -344,6 +347,9 @@ class FragmentAdmin(AuditAdmin[Fragment]):
     fields = ("request_link", "attempt_number", "created", "truncated", "frames")
     readonly_fields = fields
 
+    class Media:
+        css = {"all": [CSS]}
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Fragment]:
         return super().get_queryset(request).defer("body")
 
@@ -368,6 +374,13 @@ class FragmentAdmin(AuditAdmin[Fragment]):
 
 
 # ----- reports -----
+
+def _managed_tenants(request: HttpRequest) -> QuerySet[Tenant]:
+    """The tenants a report may be requested for: those the user manages (all for superusers)."""
+    ids = managed_tenant_ids(request)
+    tenants = visible_tenants(request)
+    return tenants if ids is None else tenants.filter(pk__in=ids)
+
 
 class ReportForm(forms.ModelForm):  # type: ignore[type-arg]
     """Period, tenants, upstreams and format; choices limited to what the user can see.
@@ -430,9 +443,9 @@ class ReportAdmin(ModelAdmin[Report]):
 
     def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "tenants":
-            kwargs["queryset"] = visible_tenants(request)
+            kwargs["queryset"] = _managed_tenants(request)
         elif db_field.name == "upstreams":
-            kwargs["queryset"] = Upstream.objects.filter(tenant__in=visible_tenants(request)).select_related("tenant")
+            kwargs["queryset"] = Upstream.objects.filter(tenant__in=_managed_tenants(request)).select_related("tenant")
         return super().formfield_for_manytomany(db_field, request, **kwargs)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -442,7 +455,7 @@ class ReportAdmin(ModelAdmin[Report]):
         return can_view_audit(request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return can_view_audit(request)
+        return can_manage_audit(request)  # viewers only read
 
     def has_change_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
         return False
@@ -451,7 +464,7 @@ class ReportAdmin(ModelAdmin[Report]):
         return can_view_audit(request) and request.user.is_superuser
 
     def has_build_permission(self, request: HttpRequest) -> bool:
-        return can_view_audit(request)
+        return can_manage_audit(request)
 
     def save_model(self, request: HttpRequest, obj: Report, form: Any, change: bool) -> None:
         obj.requested_by_id = request.user.pk
@@ -461,8 +474,8 @@ class ReportAdmin(ModelAdmin[Report]):
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
         report = form.instance
-        if not report.tenants.exists() and visible_tenant_ids(request) is not None:
-            report.tenants.set(visible_tenants(request))  # "all" for a member = all of their tenants
+        if not report.tenants.exists() and managed_tenant_ids(request) is not None:
+            report.tenants.set(_managed_tenants(request))  # "all" for a member = all the tenants they manage
         report_enqueue(report=report)
 
     def delete_model(self, request: HttpRequest, obj: Report) -> None:
@@ -474,7 +487,12 @@ class ReportAdmin(ModelAdmin[Report]):
 
     @admin.action(description="Build the selected reports again", permissions=["build"])
     def build_again(self, request: HttpRequest, queryset: QuerySet[Report]) -> None:
-        """Re-queue the selected reports (e.g. failed ones, or ones a stopped process left running)."""
+        """Re-queue the selected reports (e.g. failed ones, or ones a stopped process left running) that
+        cover only tenants the user manages."""
+        managed = managed_tenant_ids(request)
+        if managed is not None:
+            others = Report.tenants.through.objects.exclude(tenant_id__in=managed).values("report_id")
+            queryset = queryset.exclude(pk__in=others)
         count = 0
         for report in queryset:
             report_enqueue(report=report)
@@ -498,7 +516,7 @@ class ReportAdmin(ModelAdmin[Report]):
         if obj.status == Report.Status.RUNNING:
             return format_html('running <progress max="100" value="{}"></progress> {}%', obj.progress, obj.progress)
         if obj.status == Report.Status.FAILED:
-            return format_html('<span style="color:#b91c1c" title="{}">failed</span>', obj.error)
+            return format_html('<strong class="errors" title="{}">failed</strong>', obj.error)
         return format_html("{}", obj.status)
 
     @admin.display(description="download")

@@ -36,7 +36,7 @@ def _fmt(value: float, percent: bool) -> str:
 
 def _svg(height: int, title: str, body: list[str]) -> SafeString:
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="100%" '
-            f'style="max-width:{WIDTH}px" role="img" aria-label="{escape(title)}" {FONT}>'
+            f'class="tr-svg" role="img" aria-label="{escape(title)}" {FONT}>'
             f"<title>{escape(title)}</title>")
     return mark_safe(head + "".join(body) + "</svg>")  # noqa: S308 - every text above is escaped
 

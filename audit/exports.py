@@ -1,16 +1,19 @@
 """Report exports: CSV of requests and of findings, the JSON summary, one self-contained HTML page.
 
 Writers stream rows from the database (``iterator``) into a file object, so a period of millions
-of requests never sits in memory. CSV cells that a spreadsheet would run as a formula (starting
-with ``= + - @``, tab or CR) get a leading apostrophe, as OWASP advises: the user agent, the model
-name and a finding's detail come from clients and upstreams. Columns are documented in
-docs/reports.md.
+of requests never sits in memory. CSV cells are made safe for spreadsheets as OWASP advises
+(https://owasp.org/www-community/attacks/CSV_Injection): every cell is quoted, and a text cell
+that starts with ``= + - @``, tab or CR, or contains a line break, gets a leading apostrophe, as
+does every line inside it that starts with one (a reader that splits rows on a bare CR would
+otherwise start a row with ``=HYPERLINK(...)``). The user agent, the model name and a finding's
+detail come from clients and upstreams. Columns are documented in docs/reports.md.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -31,6 +34,8 @@ FINDING_COLUMNS = (
     "tool_name", "choice", "slot", "frame", "byte_offset", "detail",
 )
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: A line break followed by a character that would start a formula on a line of its own.
+_BREAK_BEFORE_FORMULA = re.compile(r"(\r\n|\r|\n)(?=[=+\-@\t])")
 _CHUNK = 2000
 
 
@@ -40,13 +45,22 @@ def cell(value: Any) -> Any:
         return ""
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
+    if isinstance(value, str):
+        return defuse(value)
     return value
 
 
+def defuse(text: str) -> str:
+    """``text`` that no spreadsheet runs as a formula: a leading ``'`` when it starts like one
+    (``= + - @``, tab, CR) or holds a line break, and after each line break that precedes one."""
+    multiline = "\r" in text or "\n" in text
+    if multiline:
+        text = _BREAK_BEFORE_FORMULA.sub(r"\1'", text)
+    return "'" + text if multiline or text.startswith(_FORMULA_START) else text
+
+
 def _write(out: TextIO, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> int:
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writerow(columns)
     count = 0
     for row in rows:

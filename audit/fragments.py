@@ -20,9 +20,8 @@ from proxy.guard.sse import SSEDecoder
 
 #: Frames rendered around the first marked one on a whole-body page.
 WINDOW = 200
-_MARKED = "background:#fef3c7;border-left:4px solid #d97706"
-_PLAIN = "border-left:4px solid #e5e7eb"
-_PRE = "white-space:pre-wrap;word-break:break-all;margin:4px 0 0;font-size:12px"
+#: The styles of these classes: ``audit/static/audit/fragments.css`` (no inline styles: the CSP).
+CSS = "audit/fragments.css"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +79,15 @@ def pretty_frame(text: str) -> tuple[SafeString, list[str]]:
 def _block(title: str, text: str, *, marked: bool, labels: Sequence[str] = ()) -> str:
     body, notes = pretty_frame(text)
     extra = "".join(f" · <strong>{escape(label)}</strong>" for label in labels)
-    note = "".join(f'<div style="color:#b91c1c">{escape(n)}</div>' for n in notes)
-    return (f'<div style="{_MARKED if marked else _PLAIN};padding:4px 8px;margin:4px 0">'
-            f"<div>{escape(title)}{extra}</div>{note}<pre style=\"{_PRE}\">{body}</pre></div>")
+    note = "".join(f'<div class="tr-frame-note">{escape(n)}</div>' for n in notes)
+    return (f'<div class="tr-frame{" tr-frame-marked" if marked else ""}">'
+            f'<div>{escape(title)}{extra}</div>{note}<pre class="tr-frame-body">{body}</pre></div>')
 
 
 def render_fragment(text: str, *, frame: int | None, offset: int | None, label: str) -> SafeString:
     """A finding's own offending frame, marked, with where it was seen."""
     if not text:
-        return mark_safe('<p style="color:#6b7280">No fragment stored (policy, not tied to a frame, or '
+        return mark_safe('<p class="tr-muted">No fragment stored (policy, not tied to a frame, or '
                          "purged after the tenant's retention days).</p>")
     where = "frame " + ("?" if frame is None else str(frame))
     where += " · byte offset " + ("?" if offset is None else str(offset))
@@ -98,7 +97,7 @@ def render_fragment(text: str, *, frame: int | None, offset: int | None, label: 
 def render_frames(frames: Sequence[Frame], marks: Mapping[int, Sequence[str]]) -> SafeString:
     """A body's frames (up to ``WINDOW`` around the first marked one), marked ones highlighted."""
     if not frames:
-        return mark_safe('<p style="color:#6b7280">No frames in this body.</p>')
+        return mark_safe('<p class="tr-muted">No frames in this body.</p>')
     first = next((i for i, f in enumerate(frames) if f.number in marks), 0)
     start = max(0, first - WINDOW // 4)
     shown = frames[start : start + WINDOW]

@@ -33,6 +33,7 @@ class ProxyRequest(models.Model):
         EXHAUSTED = "exhausted"
         UPSTREAM_ERROR = "upstream-error"
         CLIENT_CANCELLED = "client-cancelled"
+        INTERRUPTED = "interrupted"  # its proxy process stopped before the request ended (journal start, no end)
         REJECTED = "rejected"  # refused before any upstream call (bad request, unknown model)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False,

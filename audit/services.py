@@ -1,16 +1,23 @@
-"""Append-only audit writes (STYLE.md rule 8), called from async code through ``sync_to_async``.
+"""Audit writes (STYLE.md rule 8): records appended to the journal on the byte path, written in batches.
 
-The relay builds plain records in memory on the byte path and hands them here afterwards: a
-corrupted attempt is written (awaited) before its retry starts, everything else is written in a
-background task after the response ended. Nothing here ever sees request headers or credentials.
+The relay builds plain records in memory and appends them at once to this process's journal
+(``audit.journal``): ``request_started`` when a request is understood, ``attempt_finished`` when an
+upstream call ends (so a corrupted attempt is on record before its retry starts), ``request_finished``
+when the response has ended. Appending is a few microseconds and never raises or waits for the
+database. The journal writer (``audit.journal_writer``) hands batches of records to
+``journal_batch_write``, which writes them in one transaction, idempotently: request rows are
+keyed by the request id, attempts by (request, number), so replaying a batch never duplicates a
+row. Nothing here ever sees request headers or credentials.
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -58,8 +65,6 @@ class AttemptRecord:
     frames: int = 0
     findings: Sequence[GuardFinding] = ()
     body: bytes = b""
-    #: Tool name per (choice, slot), so findings say which tool they are about.
-    tool_names: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -78,71 +83,200 @@ class RequestResult:
     error: str = ""
 
 
-def _request_fields(record: RequestRecord) -> dict[str, object]:
+# ----- the byte path: records into the journal -----
+
+def _journal_append(record: dict[str, Any]) -> None:
+    from audit.journal_writer import journal
+
+    journal().append(record)
+
+
+def _request_json(record: RequestRecord) -> dict[str, Any]:
     return {
         "tenant_id": record.tenant_id, "api_key_id": record.api_key_id, "route_id": record.route_id,
         "upstream_id": record.upstream_id, "client_protocol": record.client_protocol,
         "client_user_agent": record.client_user_agent[:200], "model": record.model[:200],
-        "upstream_model": record.upstream_model[:200], "path": record.path, "created": record.created,
+        "upstream_model": record.upstream_model[:200], "path": record.path,
+        "created": record.created.timestamp(), "fragments": record.fragments.value,
     }
 
 
-def _result_fields(result: RequestResult) -> dict[str, object]:
-    return {
-        "outcome": result.outcome, "status": result.status, "attempts": result.attempts, "ttft_ms": result.ttft_ms,
-        "total_ms": result.total_ms, "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens, "wasted_completion_tokens": result.wasted_completion_tokens,
-        "wasted_ms": result.wasted_ms, "error": result.error[:2000], "finished": timezone.now(),
+def _finding_json(f: GuardFinding, keep_frames: bool) -> dict[str, Any]:
+    return {"kind": f.kind.value, "severity": f.severity.value, "action": f.action.value, "choice": f.choice,
+            "slot": f.slot, "frame": f.frame, "offset": f.offset, "fragment": f.fragment if keep_frames else "",
+            "detail": f.detail, "tool": f.tool}
+
+
+def request_started(*, request: RequestRecord) -> None:
+    """Journal that ``request`` started (a request with a start and no end becomes ``interrupted``)."""
+    _journal_append({"t": "start", "id": str(request.id), "req": _request_json(request)})
+
+
+def attempt_finished(*, request: RequestRecord, attempt: AttemptRecord) -> None:
+    """Journal one finished upstream attempt with its findings and, per policy, its raw body."""
+    keep_frames = request.fragments != FragmentStorage.NONE
+    a = attempt
+    record: dict[str, Any] = {
+        "t": "attempt", "id": str(request.id), "tenant_id": request.tenant_id, "number": a.number,
+        "upstream_id": a.upstream_id, "upstream_model": a.upstream_model[:200], "outcome": a.outcome,
+        "upstream_status": a.upstream_status, "abort_reason": a.abort_reason, "ttfb_ms": a.ttfb_ms,
+        "duration_ms": a.duration_ms, "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
+        "bytes_received": a.bytes_received, "frames": a.frames, "created": timezone.now().timestamp(),
+        "findings": [_finding_json(f, keep_frames) for f in a.findings],
     }
-
-
-def _ensure_request(record: RequestRecord) -> None:
-    ProxyRequest.objects.get_or_create(id=record.id, defaults=_request_fields(record))
-
-
-def _write_attempt(record: RequestRecord, attempt: AttemptRecord) -> None:
-    row = Attempt.objects.create(
-        request_id=record.id, number=attempt.number, upstream_id=attempt.upstream_id,
-        upstream_model=attempt.upstream_model[:200], upstream_status=attempt.upstream_status,
-        outcome=attempt.outcome, abort_reason=attempt.abort_reason, ttfb_ms=attempt.ttfb_ms,
-        duration_ms=attempt.duration_ms, prompt_tokens=attempt.prompt_tokens,
-        completion_tokens=attempt.completion_tokens, bytes_received=attempt.bytes_received, frames=attempt.frames,
-    )
-    keep_frames = record.fragments != FragmentStorage.NONE
-    Finding.objects.bulk_create([
-        Finding(request_id=record.id, attempt=row, tenant_id_copy=record.tenant_id, kind=f.kind.value,
-                severity=f.severity.value, action=f.action.value, choice=f.choice, slot=f.slot, frame=f.frame,
-                byte_offset=f.offset, fragment=f.fragment if keep_frames else "", detail=f.detail,
-                tool_name=attempt.tool_names.get((f.choice or 0, f.slot), "")[:200] if f.slot is not None else "")
-        for f in attempt.findings
-    ])
-    if record.fragments == FragmentStorage.ATTEMPT and attempt.body:
+    if request.fragments == FragmentStorage.ATTEMPT and a.body:
         cap = settings.AUDIT_BODY_CAP
-        Fragment.objects.create(attempt=row, tenant_id_copy=record.tenant_id,
-                                body=attempt.body[:cap].decode("utf-8", "replace"), truncated=len(attempt.body) > cap)
+        record["body"] = base64.b64encode(a.body[:cap]).decode("ascii")
+        record["truncated"] = len(a.body) > cap
+    _journal_append(record)
 
 
-def attempt_record(*, request: RequestRecord, attempt: AttemptRecord) -> None:
-    """Write one attempt with its findings (and raw body per policy), creating the request row if needed."""
+def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
+    """Journal how ``request`` ended (self-contained: the row can be created from this record alone)."""
+    r = result
+    _journal_append({"t": "finish", "id": str(request.id), "req": _request_json(request), "res": {
+        "outcome": r.outcome, "status": r.status, "attempts": r.attempts, "ttft_ms": r.ttft_ms,
+        "total_ms": r.total_ms, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+        "wasted_completion_tokens": r.wasted_completion_tokens, "wasted_ms": r.wasted_ms,
+        "error": r.error[:2000], "finished": timezone.now().timestamp()}})
+
+
+# ----- the writer: batches into the database -----
+
+def db_text(value: Any) -> str:
+    """``value`` as text Postgres accepts: NUL bytes written ``\\x00`` and unpaired surrogates (undecodable
+    upstream bytes) as backslash escapes, so a row is never lost to what the upstream sent."""
+    text = value if isinstance(value, str) else str(value)
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _when(stamp: Any) -> datetime:
+    return datetime.fromtimestamp(float(stamp), tz=UTC) if isinstance(stamp, int | float) else timezone.now()
+
+
+def _request_row(rid: str, req: dict[str, Any], res: dict[str, Any] | None) -> ProxyRequest:
+    row = ProxyRequest(
+        id=uuid.UUID(rid), tenant_id=req["tenant_id"], api_key_id=req.get("api_key_id"), route_id=req.get("route_id"),
+        upstream_id=req.get("upstream_id"), client_protocol=db_text(req.get("client_protocol", "")),
+        client_user_agent=db_text(req.get("client_user_agent", "")), model=db_text(req.get("model", "")),
+        upstream_model=db_text(req.get("upstream_model", "")), path=req.get("path", ""),
+        created=_when(req.get("created")),
+    )
+    if res is not None:
+        _apply_result(row, res)
+    return row
+
+
+_RESULT_FIELDS = ("outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens", "completion_tokens",
+                  "wasted_completion_tokens", "wasted_ms", "error", "finished")
+
+
+def _apply_result(row: ProxyRequest, res: dict[str, Any]) -> None:
+    for name in _RESULT_FIELDS[:-2]:
+        if name in res:
+            setattr(row, name, res[name])
+    row.error = db_text(res.get("error", ""))
+    row.finished = _when(res.get("finished"))
+
+
+@dataclass(slots=True)
+class Batch:
+    """Journal records grouped for one transaction: the latest start and finish per request, attempts in order."""
+
+    starts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    finishes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]]) -> Batch:
+        """Group ``records`` (journal lines of any type; unknown types are ignored)."""
+        batch = cls()
+        for record in records:
+            kind, rid = record.get("t"), record.get("id")
+            if not isinstance(rid, str):
+                continue
+            if kind == "start":
+                batch.starts[rid] = record["req"]
+            elif kind == "finish":
+                batch.finishes[rid] = (record["req"], record["res"])
+            elif kind == "attempt":
+                batch.attempts.append(record)
+        return batch
+
+    @property
+    def ids(self) -> set[str]:
+        return set(self.starts) | set(self.finishes) | {a["id"] for a in self.attempts}
+
+
+def journal_batch_write(batch: Batch) -> int:
+    """Write ``batch`` in one transaction, idempotently; returns the attempts skipped because their request
+    row is unknown (their start record was dropped at the journal's bound)."""
     with transaction.atomic():
-        _ensure_request(request)
-        _write_attempt(request, attempt)
+        known = _requests(batch)
+        return _attempts(batch, known)
 
 
-def request_finish(*, request: RequestRecord, result: RequestResult, attempts: Sequence[AttemptRecord] = (),
-                   exists: bool = True) -> None:
-    """Write the not-yet-written ``attempts`` and the request's final state, in one transaction.
+def _requests(batch: Batch) -> set[str]:
+    ids = batch.ids
+    existing = {str(i) for i in ProxyRequest.objects.filter(id__in=[uuid.UUID(i) for i in ids])
+                .values_list("id", flat=True)}
+    new = [_request_row(rid, *(batch.finishes[rid] if rid in batch.finishes else (batch.starts[rid], None)))
+           for rid in sorted(ids - existing) if rid in batch.finishes or rid in batch.starts]
+    ProxyRequest.objects.bulk_create(new)
+    updated = []
+    for rid in sorted(set(batch.finishes) & existing):
+        row = ProxyRequest(id=uuid.UUID(rid))
+        _apply_result(row, batch.finishes[rid][1])
+        updated.append(row)
+    if updated:
+        ProxyRequest.objects.bulk_update(updated, list(_RESULT_FIELDS))
+    return existing | {str(r.id) for r in new}
 
-    ``exists=False`` says nothing of this request was written yet (no attempt recorded before a retry,
-    the usual case): the finished row is then inserted at once, without the get-or-create and the
-    update (SELECT, SAVEPOINT, RELEASE and UPDATE fewer per request; docs/benchmarks.md).
-    """
-    with transaction.atomic():
-        if not exists:
-            ProxyRequest.objects.create(id=request.id, **_request_fields(request), **_result_fields(result))
-        else:
-            _ensure_request(request)
-        for attempt in attempts:
-            _write_attempt(request, attempt)
-        if exists:
-            ProxyRequest.objects.filter(id=request.id).update(**_result_fields(result))
+
+def _attempts(batch: Batch, known: set[str]) -> int:
+    pending = [a for a in batch.attempts if a["id"] in known]
+    have = set(Attempt.objects.filter(request_id__in=[uuid.UUID(i) for i in {a["id"] for a in pending}])
+               .values_list("request_id", "number"))
+    fresh = [a for a in pending if (uuid.UUID(a["id"]), a["number"]) not in have]
+    rows = Attempt.objects.bulk_create([_attempt_row(a) for a in fresh])
+    Finding.objects.bulk_create([_finding_row(a, row, f) for a, row in zip(fresh, rows, strict=True)
+                                 for f in a.get("findings", ())])
+    Fragment.objects.bulk_create([_fragment_row(a, row) for a, row in zip(fresh, rows, strict=True) if a.get("body")])
+    return len(batch.attempts) - len(pending)
+
+
+def _attempt_row(a: dict[str, Any]) -> Attempt:
+    return Attempt(
+        request_id=uuid.UUID(a["id"]), number=a["number"], upstream_id=a.get("upstream_id"),
+        upstream_model=db_text(a.get("upstream_model", "")), upstream_status=a.get("upstream_status"),
+        outcome=a.get("outcome", ""), abort_reason=db_text(a.get("abort_reason", "")), ttfb_ms=a.get("ttfb_ms"),
+        duration_ms=a.get("duration_ms"), prompt_tokens=a.get("prompt_tokens", 0),
+        completion_tokens=a.get("completion_tokens", 0), bytes_received=a.get("bytes_received", 0),
+        frames=a.get("frames", 0), created=_when(a.get("created")),
+    )
+
+
+def _finding_row(a: dict[str, Any], row: Attempt, f: dict[str, Any]) -> Finding:
+    return Finding(
+        request_id=row.request_id, attempt=row, tenant_id_copy=a["tenant_id"], kind=str(f["kind"])[:64],
+        severity=str(f["severity"])[:8], action=str(f["action"])[:12], choice=f.get("choice"),
+        slot=f.get("slot"), frame=f.get("frame"), byte_offset=f.get("offset"), fragment=db_text(f.get("fragment", "")),
+        detail=db_text(f.get("detail", "")), tool_name=db_text(f.get("tool", ""))[:200], created=row.created,
+    )
+
+
+def _fragment_row(a: dict[str, Any], row: Attempt) -> Fragment:
+    body = base64.b64decode(a["body"]).decode("utf-8", "backslashreplace")
+    return Fragment(attempt=row, tenant_id_copy=a["tenant_id"], body=db_text(body),
+                    truncated=bool(a.get("truncated")), created=row.created)
+
+
+def requests_interrupt(*, ids: Iterable[str]) -> int:
+    """Mark requests that started and never finished (their process died) ``interrupted``; returns how many."""
+    rows = ProxyRequest.objects.filter(id__in=[uuid.UUID(i) for i in ids], outcome=ProxyRequest.Outcome.PENDING)
+    return rows.update(outcome=ProxyRequest.Outcome.INTERRUPTED, finished=timezone.now(),
+                       error="the proxy process serving this request stopped before it ended")

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from audit.exports import figure_context
 from audit.reports import Scope, build_figures
-from audit.scoping import can_view_audit, visible_tenant_ids, visible_tenants
+from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
 from tenants.models import Tenant
 
 DEFAULT_DAYS = 7
@@ -97,5 +97,5 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         scope = dashboard_scope(data, request)
         context.update(figure_context(build_figures(scope), title="Audit dashboard"))
         context.update(presets=_preset_links(request, data.get("tenant")), report_link=_report_link(scope),
-                       tenant=data.get("tenant"))
+                       tenant=data.get("tenant"), can_request_report=can_manage_audit(request))
     return TemplateResponse(request, "audit/dashboard.html", context)

@@ -6,6 +6,7 @@ secrets) and raises ``ImproperlyConfigured`` on malformed values.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -74,3 +75,15 @@ def envfloat(name: str, default: float) -> float:
 def envlist(name: str, default: str = "") -> list[str]:
     """Return ``name`` split on commas, blanks dropped."""
     return [part.strip() for part in envstr(name, default).split(",") if part.strip()]
+
+
+def envnetworks(name: str, default: str = "") -> list[str]:
+    """Return ``name`` as comma-separated networks in CIDR form (``127.0.0.0/8``, ``fd00::/8``; a bare
+    address is one host), normalised (``10.1.2.3/8`` -> ``10.0.0.0/8``); raise on anything else."""
+    networks = []
+    for part in envlist(name, default):
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {part!r} is not a network (use CIDRs such as 10.1.0.0/16)") from None
+    return networks

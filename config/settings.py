@@ -8,14 +8,16 @@ process), a built-in simulated upstream wired by ``make run``.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import envbool, envfloat, envint, envlist, envstr
+from config.env import envbool, envfloat, envint, envlist, envnetworks, envstr
 
 # Generic Django classes (ModelAdmin[Model], QuerySet[Model]) subscriptable at runtime, as typed.
 django_stubs_ext.monkeypatch()
@@ -41,6 +43,9 @@ API_KEY_SECRET = envstr("API_KEY_SECRET")
 #: How long a resolved API key / route stays in the in-process cache (seconds): bounds how long a
 #: revoked key keeps working on a running process.
 AUTH_CACHE_SECONDS = envfloat("AUTH_CACHE_SECONDS", 5.0)
+#: While the database cannot be asked, a key is served from its last good answer up to this old
+#: (seconds; shared through Redis or JOURNAL_DIR/principals.json); unknown keys then get 503.
+AUTH_STALE_SECONDS = envfloat("AUTH_STALE_SECONDS", 900.0)
 #: Write ``ApiKey.last_used`` at most this often per key (seconds).
 API_KEY_TOUCH_SECONDS = envint("API_KEY_TOUCH_SECONDS", 300)
 
@@ -51,8 +56,30 @@ UPSTREAM_MAX_KEEPALIVE = envint("UPSTREAM_MAX_KEEPALIVE", 100)
 #: Bound on an upstream's Retry-After that the relay honours (seconds).
 RETRY_AFTER_MAX_SECONDS = envfloat("RETRY_AFTER_MAX_SECONDS", 10.0)
 RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
+#: Networks upstream (and webhook, model-listing) connections may reach although the outbound
+#: address policy (``proxy.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
+#: Operators only (no tenant admin can change it). Empty: public addresses only.
+UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
+#: The audit journal (audit/journal.py): one file per process in JOURNAL_DIR (a volume shared by the
+#: processes of a host, so a restarted one drains what a dead one left); its backlog bound in bytes;
+#: how often the writer moves it into the database and fsyncs it (seconds).
+JOURNAL_DIR = envstr("JOURNAL_DIR", str(VAR_DIR / "journal"))
+JOURNAL_MAX_BYTES = envint("JOURNAL_MAX_BYTES", 256 * 1024 * 1024)
+JOURNAL_BATCH_SECONDS = envfloat("JOURNAL_BATCH_SECONDS", 0.1)
+JOURNAL_FSYNC_SECONDS = envfloat("JOURNAL_FSYNC_SECONDS", 0.1)
+JOURNAL_ORPHAN_SCAN_SECONDS = envfloat("JOURNAL_ORPHAN_SCAN_SECONDS", 30.0)
+#: With nothing to write, the writer checks the database this often (seconds) for /readyz.
+JOURNAL_PING_SECONDS = envfloat("JOURNAL_PING_SECONDS", 5.0)
+#: Client-side deadline of each database call made by the journal writer and the auth lookups
+#: (a frozen database answers no server-side timeout).
+DB_CALL_TIMEOUT_SECONDS = envfloat("DB_CALL_TIMEOUT_SECONDS", 5.0)
+#: Upper bound on a whole client request (upstream's and route's own deadlines can only shorten it).
+REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
+#: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
+#: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
+RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
 
 #: When set, ``GET /metrics`` requires ``Authorization: Bearer <METRICS_TOKEN>`` (it shows tenant
 #: slugs and traffic); unset, keep /metrics off the public listener at the reverse proxy.
@@ -71,7 +98,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "tenants.admin_config.ToolrelayAdminConfig",  # django.contrib.admin with toolrelay's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -79,6 +106,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_celery_beat",
+    "axes",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "tenants",
     "audit",
     "proxy",
@@ -90,8 +120,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: turns a lockout into its 429 page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -123,6 +156,12 @@ def _database() -> dict[str, Any]:
                                                             conn_health_checks=True))
     except Exception as exc:  # dj-database-url raises several types on malformed URLs
         raise ImproperlyConfigured(f"DATABASE_URL={url!r} is not a valid database URL: {exc}") from exc
+    if config.get("ENGINE") == "django.db.backends.postgresql":
+        # Bounds on a sick database, client side (audit/dbcall.py bounds each call on top): connecting,
+        # and a peer that stops acknowledging (keepalives, tcp_user_timeout in ms).
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "connect_timeout": envint("DB_CONNECT_TIMEOUT_SECONDS", 5),
+                             "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                             "tcp_user_timeout": 10_000}
     if config.get("ENGINE") == "django.db.backends.sqlite3":
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
         config["CONN_MAX_AGE"] = 0
@@ -141,9 +180,55 @@ DATABASES = {"default": _database()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": envint("PASSWORD_MIN_LENGTH", 12)}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# ----- admin login: throttling (django-axes), second factor (django-otp), single sign-on (OIDC) -----
+
+#: One-time code on the admin login for users with a device; with this, superusers must have one.
+ADMIN_OTP_REQUIRED_FOR_SUPERUSERS = envbool("ADMIN_OTP_REQUIRED_FOR_SUPERUSERS", False)
+OTP_TOTP_ISSUER = "toolrelay"
+
+#: Reverse proxies in front that append to X-Forwarded-For. 0 (default): the peer address
+#: (REMOTE_ADDR) is the client; forwarded headers are never read, so they cannot be spoofed.
+TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0)
+AXES_FAILURE_LIMIT = envint("ADMIN_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=envint("ADMIN_LOGIN_COOLOFF_MINUTES", 15))
+#: Locked out separately per account and per address (a list of single parameters, not a combination).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+AXES_ENABLE_ADMIN = False  # tenants.admin_site registers its records read-only
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if TRUSTED_PROXY_COUNT else ("REMOTE_ADDR",)
+AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT or None
+AXES_IPWARE_PROXY_ORDER = "right-most"  # the entries our own proxies appended, not what the client sent
+
+#: OpenID Connect single sign-on for the admin (mozilla-django-oidc): on when these are set.
+OIDC_RP_CLIENT_ID = envstr("OIDC_RP_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = envstr("OIDC_RP_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = envstr("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = envstr("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = envstr("OIDC_OP_USER_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = envstr("OIDC_OP_JWKS_ENDPOINT")
+OIDC_RP_SIGN_ALGO = envstr("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = envstr("OIDC_RP_SCOPES", "openid email profile")
+#: New users from the identity provider are created without staff status: a superuser grants it.
+OIDC_CREATE_USER = envbool("OIDC_CREATE_USER", True)
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID and OIDC_OP_AUTHORIZATION_ENDPOINT and OIDC_OP_TOKEN_ENDPOINT)
+LOGIN_REDIRECT_URL = "/admin/"
+LOGOUT_REDIRECT_URL = "/admin/login/"
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses locked-out accounts and addresses
+    "django.contrib.auth.backends.ModelBackend",
+    *(["mozilla_django_oidc.auth.OIDCAuthenticationBackend"] if OIDC_ENABLED else []),
+]
+if OIDC_ENABLED:
+    INSTALLED_APPS.append("mozilla_django_oidc")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -157,9 +242,33 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 MEDIA_ROOT = Path(envstr("MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
 
-SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", False)
-CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", False)
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_TLS_PROXY", False) else None
+#: Behind a TLS-terminating reverse proxy: trust its X-Forwarded-Proto, send HSTS, Secure cookies.
+BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_TLS_PROXY else None
+SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", BEHIND_TLS_PROXY)
+CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", BEHIND_TLS_PROXY)
+#: HSTS on HTTPS responses (SecurityMiddleware sends it only on secure requests).
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if BEHIND_TLS_PROXY else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+#: Admin sessions end after this many seconds (Django's default is 14 days).
+SESSION_COOKIE_AGE = envint("SESSION_COOKIE_AGE", 12 * 3600)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+#: Content Security Policy (django-csp) for every Django page: no inline script or style without
+#: the per-response nonce, no plugins, no framing, forms post only here.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, NONCE],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
 
 LOGGING = {
     "version": 1,
@@ -167,5 +276,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    # httpx logs every request URL at INFO (a URL may carry what must not be logged).
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+                "httpcore": {"level": "WARNING"}},
 }

@@ -1,10 +1,14 @@
-"""Thin Channels consumers for ``/v1/*`` (STYLE.md rules 3 and 4).
+"""One thin Channels consumer for ``/v1/*``, parameterized by a dialect and an endpoint (STYLE.md 3, 4).
 
-Each consumer authenticates (one selector), parses the client's request into chat.completions form,
-picks the emitter for its protocol and hands over to the relay. The relay runs in its own task so
-that ``http.disconnect`` is seen while streaming: the disconnect handler cancels the task, whose
-``async with`` closes the upstream response at once (stock ``AsyncHttpConsumer`` only notices after
-Daphne's ``application_close_timeout``, 10 s; perf-anchors.md 2.3).
+The consumer collects the body, authorizes the key (``tenants.auth.authorize``, the one door),
+parses the request and hands it to the endpoint: ``relay`` (the dialect prepares the request, the
+route plan is resolved, the relay serves it), ``models``, ``count_tokens`` or ``not_found``. Every
+byte to the client goes through the request's ``ClientResponse``.
+
+The request runs in its own task so that ``http.disconnect`` is seen while streaming: the
+disconnect handler cancels the task, whose ``async with`` closes the upstream response at once
+(stock ``AsyncHttpConsumer`` only notices after Daphne's ``application_close_timeout``, 10 s;
+perf-anchors.md 2.3).
 """
 
 from __future__ import annotations
@@ -13,57 +17,38 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.validate import tool_declaration_problem
-from proxy.relay import Relay, RelayRequest, schedule
+from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
+from proxy.guard.request import RequestInvalid
+from proxy.guard.translate_anthropic import count_tokens_body
+from proxy.relay import Relay, RelayCall
+from proxy.response import ClientResponse
 from proxy.upstream import get_client
-from tenants.selectors import TenantSnapshot, cached_tenant_for_key, tenant_for_key
+from tenants.auth import AuthUnavailable, KeyRefused, Principal, authorize
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a client is asked to wait when its key cannot be checked (the database is unavailable).
+AUTH_RETRY_AFTER = 5.0
+
 
 class RequestError(Exception):
-    """A client error detected before any upstream call: becomes an HTTP error in the client's protocol."""
+    """A request refused before any upstream call: becomes an HTTP error in the client's protocol.
+
+    ``retry_after`` (seconds) marks a refusal the client may retry (``x-should-retry: true``).
+    """
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-
-class _Responder:
-    """Adapts the consumer's ``send`` to the relay's ``Responder`` protocol."""
-
-    def __init__(self, send: Any) -> None:
-        self._send = send
-        self.started = False
-        self.done = False
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def send(self, body: bytes, *, more: bool = True) -> None:
-        if not more:
-            self.done = True
-        await self._send({"type": "http.response.body", "body": body, "more_body": more})
-
-
-async def _refresh_key(raw: str) -> None:
-    """Renew a cached key's snapshot off the request path (refresh ahead, ``tenants.selectors``)."""
-    try:
-        await database_sync_to_async(tenant_for_key)(raw, refresh=True)
-    except Exception:  # the cached answer stays until it expires; the next reader tries again
-        logger.exception("API key refresh failed")
+        self.retry_after = retry_after
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str:
@@ -82,25 +67,46 @@ def api_key_from(scope: Mapping[str, Any]) -> str:
     return header(scope, b"x-api-key").strip()
 
 
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; ``RequestError`` 400 otherwise."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "the request body nests too deeply") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    return data
+
+
+async def principal_of(scope: Mapping[str, Any]) -> Principal:
+    """The caller's principal; ``RequestError`` 401 for a bad key, 403 for a disabled tenant, 503 (retryable)
+    when the key is not known and the database cannot be asked."""
+    try:
+        return await authorize(api_key_from(scope))
+    except AuthUnavailable:
+        raise RequestError(503, "the key cannot be checked right now (the proxy's database is unavailable); "
+                           "retry shortly", type="server_error", code="auth_unavailable",
+                           retry_after=AUTH_RETRY_AFTER) from None
+    except KeyRefused as refused:
+        if refused.reason == "disabled":
+            raise RequestError(403, "this tenant is disabled", type="permission_error",
+                               code="tenant_disabled") from None
+        raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key") from None
+
+
 class ProxyConsumer(AsyncConsumer):
-    """Base for the ``/v1/*`` consumers: body collection, size limit, the request task, disconnects.
+    """``/v1/*``: ``ProxyConsumer.as_asgi(dialect=..., endpoint=...)`` (``proxy.routing``)."""
 
-    Subclasses implement ``handle(body)`` and ``error_body(...)`` for their protocol.
-    """
-
-    methods: tuple[str, ...] = ("POST",)
-    protocol = "openai-chat"
-
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, dialect: Dialect = OPENAI_CHAT, endpoint: str = "not_found", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.dialect = dialect
+        self.endpoint = ENDPOINTS[endpoint]
         self._parts: list[bytes] = []
         self._size = 0
         self._task: asyncio.Future[None] | None = None
-        self.responder = _Responder(self.send)
-        self.request_id: uuid.UUID | None = None
-
-    async def websocket_connect(self, message: dict[str, Any]) -> None:  # pragma: no cover - HTTP only
-        raise StopConsumer()
+        self.response: ClientResponse | None = None
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch minus its ``aclose_old_connections()`` before every message.
@@ -122,10 +128,9 @@ class ProxyConsumer(AsyncConsumer):
         self._parts.append(message.get("body", b""))
         self._size += len(self._parts[-1])
         if self._size > settings.MAX_REQUEST_BYTES:
-            self._start(self._reject(RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",
-                                                  code="request_too_large")))
+            self._task = asyncio.ensure_future(self._serve(None))
         elif not message.get("more_body", False):
-            self._start(self._serve(b"".join(self._parts)))
+            self._task = asyncio.ensure_future(self._serve(b"".join(self._parts)))
 
     async def http_disconnect(self, message: dict[str, Any]) -> None:
         """The client left (or the response ended): cancel the request task, which closes the upstream."""
@@ -136,145 +141,91 @@ class ProxyConsumer(AsyncConsumer):
                 await task
         raise StopConsumer()
 
-    def _start(self, coro: Any) -> None:
-        self._task = asyncio.ensure_future(coro)
-
-    async def _serve(self, body: bytes) -> None:
+    async def _serve(self, body: bytes | None) -> None:
+        """Serve one request (``body`` None: too large); every failure becomes an error in the protocol."""
+        response = self.response = ClientResponse(self.send, error_body=self.dialect.error_body)
         try:
-            if self.scope.get("method") not in self.methods:
+            if body is None:
+                raise RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",
+                                   code="request_too_large")
+            endpoint = self.endpoint
+            if self.scope.get("method") not in endpoint.methods:
                 raise RequestError(405, f"method {self.scope.get('method')} not allowed", code="method_not_allowed")
-            await self.handle(body)
+            await endpoint.serve(self, body)
         except RequestError as exc:
-            await self._reject(exc)
+            retryable = exc.retry_after is not None
+            await response.error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code,
+                                 should_retry=retryable, retry_after=exc.retry_after)
+        except RequestInvalid as exc:
+            await response.error(400, exc.message, type="invalid_request_error", param=exc.param, code=exc.code)
         except asyncio.CancelledError:
             raise
         except Exception:
             logger.exception("consumer failed")
-            if not self.responder.started:
-                await self._reject(RequestError(500, "toolrelay failed to serve this request", type="server_error"))
+            await response.fail_internal()
         finally:
-            if self.responder.started and not self.responder.done:
-                with contextlib.suppress(Exception):
-                    await self.responder.send(b"", more=False)
-
-    async def _reject(self, exc: RequestError) -> None:
-        request_id = str(self.request_id or uuid.uuid4())
-        body = self.error_body(exc.status, f"{exc.message} (request id: {request_id})", type=exc.type,
-                               param=exc.param, code=exc.code)
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode()),
-                   (b"x-should-retry", b"false")]
-        await self.responder.start(exc.status, headers)
-        await self.responder.send(json.dumps(body).encode(), more=False)
-
-    async def authenticate(self) -> TenantSnapshot:
-        """The caller's tenant; ``RequestError`` 401 for a bad key, 403 for a disabled tenant."""
-        raw = api_key_from(self.scope)
-        found, snapshot, refresh = cached_tenant_for_key(raw) if raw else (True, None, False)
-        if not found:
-            snapshot = await database_sync_to_async(tenant_for_key)(raw)
-        elif refresh:
-            schedule(_refresh_key(raw))
-        if snapshot is None:
-            raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key")
-        if not snapshot.active:
-            raise RequestError(403, "this tenant is disabled", type="permission_error", code="tenant_disabled")
-        return snapshot
-
-    async def handle(self, body: bytes) -> None:
-        """Serve the request (subclasses); the base answers 404."""
-        raise RequestError(404, "not found", code="not_found")
-
-    def error_body(self, status: int, message: str, *, type: str, param: str | None = None,
-                   code: str | None = None) -> dict[str, Any]:
-        """OpenAI's error shape (PROTOCOLS.md 1.6); other protocols override."""
-        return {"error": {"message": message, "type": type, "param": param, "code": code}}
+            await response.finish()
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; ``RequestError`` 400 otherwise."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError(400, "the request body nests too deeply") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    return data
+# ----- endpoints -----
+
+class Endpoint:
+    """What a path does once its body is in: the HTTP ``methods`` it allows and ``serve``."""
+
+    def __init__(self, methods: tuple[str, ...], serve: Callable[[ProxyConsumer, bytes], Awaitable[None]]) -> None:
+        self.methods = methods
+        self.serve = serve
 
 
-def validate_chat_request(data: dict[str, Any]) -> None:
-    """Field checks that must fail with 400 and ``param`` before anything goes upstream (PROTOCOLS.md 1.1)."""
-    if not isinstance(data.get("model"), str) or not data["model"]:
-        raise RequestError(400, "`model` is required and must be a string", param="model")
-    if not isinstance(data.get("messages"), list) or not data["messages"]:
-        raise RequestError(400, "`messages` is required and must be a non-empty array", param="messages")
-    if "stream" in data and not isinstance(data["stream"], bool) and data["stream"] is not None:
-        raise RequestError(400, "`stream` must be a boolean", param="stream")
-    tools = data.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise RequestError(400, "`tools` must be an array", param="tools")
-    for position, tool in enumerate(tools or ()):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RequestError(400, "each tool needs `function.name`", param=f"tools[{position}].function.name")
-    n = data.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128):
-        raise RequestError(400, "`n` must be an integer between 1 and 128", param="n")
-    check_tool_declarations(data)
+async def relay(consumer: ProxyConsumer, body: bytes) -> None:
+    """Authorize, prepare in the consumer's dialect, route, relay."""
+    principal = await principal_of(consumer.scope)
+    data = parse_json_object(body)
+    dialect = consumer.dialect
+    prepared = dialect.prepare(data, body)
+    model = prepared.request.model
+    plan = principal.resolve(model)
+    if plan is None:
+        raise RequestError(404, f"the model `{model}` does not exist or is not routed for this key",
+                           param="model", code="model_not_found", type=dialect.not_found_type)
+    response = consumer.response
+    assert response is not None
+    if prepared.dropped:
+        logger.info("request %s (%s, tenant %s): not forwarded: %s", response.request_id, dialect.protocol,
+                    principal.slug, ", ".join(prepared.dropped))
+    call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
+                     protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"))
+    await Relay(call, response, get_client()).run()
 
 
-def check_tool_declarations(chat_body: dict[str, Any]) -> None:
-    """``RequestError`` 400 when the declared tools can never be satisfied (see ``tool_declaration_problem``)."""
-    problem = tool_declaration_problem(chat_body)
-    if problem is not None:
-        raise RequestError(400, problem[0], param=problem[1])
-
-
-class ChatCompletionsConsumer(ProxyConsumer):
-    """``POST /v1/chat/completions`` (OpenAI Chat Completions, stream and non-stream)."""
-
-    async def handle(self, body: bytes) -> None:
-        snapshot = await self.authenticate()
-        data = parse_json_object(body)
-        validate_chat_request(data)
-        plan = snapshot.resolve(data["model"])
-        if plan is None:
-            raise RequestError(404, f"the model `{data['model']}` does not exist or is not routed for this key",
-                               param="model", code="model_not_found")
-        request = RelayRequest(snapshot=snapshot, plan=plan, body=data, raw_body=body, protocol=self.protocol,
-                               user_agent=header(self.scope, b"user-agent"), emitter=self._emitter(data))
-        self.request_id = request.id
-        await Relay(request, self.responder, get_client()).run()
-
-    @staticmethod
-    def _emitter(data: dict[str, Any]) -> OpenAIChatEmitter:
-        options = data.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return OpenAIChatEmitter(model=data["model"], include_usage=include_usage)
-
-
-class ModelsConsumer(ProxyConsumer):
+async def models(consumer: ProxyConsumer, body: bytes) -> None:
     """``GET /v1/models``: the tenant's routed model names, in Anthropic's list format when the request
     carries ``anthropic-version`` (Claude Code's gateway model discovery, PROTOCOLS.md 4.1), else OpenAI's."""
-
-    methods = ("GET",)
-
-    async def handle(self, body: bytes) -> None:
-        snapshot = await self.authenticate()
-        names = snapshot.model_names()
-        if header(self.scope, b"anthropic-version"):
-            data: dict[str, Any] = {
-                "data": [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"}
-                         for n in names],
-                "has_more": False, "first_id": names[0] if names else None, "last_id": names[-1] if names else None,
-            }
-        else:
-            data = {"object": "list",
-                    "data": [{"id": n, "object": "model", "created": 0, "owned_by": snapshot.slug} for n in names]}
-        await self.responder.start(200, [(b"content-type", b"application/json"),
-                                         (b"x-request-id", str(uuid.uuid4()).encode())])
-        await self.responder.send(json.dumps(data).encode(), more=False)
+    principal = await principal_of(consumer.scope)
+    dialect = ANTHROPIC_MESSAGES if header(consumer.scope, b"anthropic-version") else OPENAI_CHAT
+    assert consumer.response is not None
+    await consumer.response.send_json(200, dialect.models_listing(principal.model_names(), principal.slug))
 
 
-__all__ = ["ChatCompletionsConsumer", "ModelsConsumer", "ProxyConsumer", "RequestError"]
+async def count_tokens(consumer: ProxyConsumer, body: bytes) -> None:
+    """``POST /v1/messages/count_tokens`` -> ``{"input_tokens": N}``, a local estimate (PROTOCOLS.md 2.5:
+    optional for Claude Code, which estimates locally when it is absent)."""
+    await principal_of(consumer.scope)  # a valid key is all this endpoint needs
+    chat = translated(count_tokens_body, parse_json_object(body))
+    assert consumer.response is not None
+    await consumer.response.send_json(200, {"input_tokens": estimate_tokens(chat)})
+
+
+async def not_found(consumer: ProxyConsumer, body: bytes) -> None:
+    """Any other ``/v1/`` path."""
+    raise RequestError(404, "not found", code="not_found")
+
+
+ENDPOINTS = {
+    "relay": Endpoint(("POST",), relay),
+    "models": Endpoint(("GET",), models),
+    "count_tokens": Endpoint(("POST",), count_tokens),
+    "not_found": Endpoint(("POST",), not_found),
+}
+
+__all__ = ["ProxyConsumer", "RequestError"]

@@ -26,8 +26,13 @@ REQUESTS = Counter("toolrelay_requests_total", "Client requests by tenant, path 
 ATTEMPTS = Counter("toolrelay_upstream_attempts_total", "Upstream attempts by outcome.", ["outcome"])
 FINDINGS = Counter("toolrelay_findings_total", "Guard findings by kind.", ["kind"])
 CLIENT_CANCELLED = Counter("toolrelay_client_cancelled_total", "Requests whose client went away mid-response.")
-IN_FLIGHT = Gauge("toolrelay_requests_in_flight",
-                  "Requests being relayed or whose audit rows are still being written.", multiprocess_mode="livesum")
+IN_FLIGHT = Gauge("toolrelay_requests_in_flight", "Requests being relayed.", multiprocess_mode="livesum")
+JOURNAL_BACKLOG = Gauge("toolrelay_journal_backlog_bytes", "Audit journal bytes not yet in the database.",
+                        multiprocess_mode="livesum")
+JOURNAL_DROPPED = Counter("toolrelay_journal_dropped_total",
+                          "Audit journal parts dropped at its bound or refused by the database, by what.", ["what"])
+DATABASE_UP = Gauge("toolrelay_database_up", "1 while the journal writer's last database call worked.",
+                    multiprocess_mode="livemin")
 CLIENT_TTFT = Histogram("toolrelay_client_ttft_seconds", "Time from request to first byte sent to the client.",
                         ["path"], buckets=_TTFT_BUCKETS)
 UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",

@@ -1,5 +1,5 @@
-"""``/v1/*`` routes to the proxy consumers. The router matches the path only, so query strings
-(Claude Code's ``/v1/messages?beta=true``) are ignored."""
+"""``/v1/*`` routes to the proxy consumer, one dialect and endpoint per path. The router matches the
+path only, so query strings (Claude Code's ``/v1/messages?beta=true``) are ignored."""
 
 from __future__ import annotations
 
@@ -7,22 +7,23 @@ from typing import Any
 
 from django.urls import URLPattern, re_path
 
-from proxy.consumers import ChatCompletionsConsumer, ModelsConsumer, ProxyConsumer
-from proxy.consumers_agents import CountTokensConsumer, MessagesConsumer, ResponsesConsumer
+from proxy.consumers import ProxyConsumer
+from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Dialect
 
 
-def asgi_path(pattern: str, consumer: type[ProxyConsumer]) -> URLPattern:
-    """``re_path`` for an ASGI consumer (Channels routes them like views; django-stubs only types views)."""
-    app: Any = consumer.as_asgi()
+def asgi_path(pattern: str, *, endpoint: str, dialect: Dialect = OPENAI_CHAT) -> URLPattern:
+    """``re_path`` for the consumer with ``dialect`` and ``endpoint`` (Channels routes ASGI apps like
+    views; django-stubs only types views)."""
+    app: Any = ProxyConsumer.as_asgi(dialect=dialect, endpoint=endpoint)
     route: URLPattern = re_path(pattern, app)
     return route
 
 
 proxy_urlpatterns = [
-    asgi_path(r"^v1/chat/completions/?$", ChatCompletionsConsumer),
-    asgi_path(r"^v1/models/?$", ModelsConsumer),
-    asgi_path(r"^v1/messages/count_tokens/?$", CountTokensConsumer),
-    asgi_path(r"^v1/messages/?$", MessagesConsumer),
-    asgi_path(r"^v1/responses/?$", ResponsesConsumer),
-    asgi_path(r"^v1/", ProxyConsumer),
+    asgi_path(r"^v1/chat/completions/?$", endpoint="relay", dialect=OPENAI_CHAT),
+    asgi_path(r"^v1/models/?$", endpoint="models"),
+    asgi_path(r"^v1/messages/count_tokens/?$", endpoint="count_tokens", dialect=ANTHROPIC_MESSAGES),
+    asgi_path(r"^v1/messages/?$", endpoint="relay", dialect=ANTHROPIC_MESSAGES),
+    asgi_path(r"^v1/responses/?$", endpoint="relay", dialect=OPENAI_RESPONSES),
+    asgi_path(r"^v1/", endpoint="not_found"),
 ]

@@ -1,6 +1,10 @@
 """The upstream HTTP seam: one ``httpx.AsyncClient`` per process, streams opened in context managers.
 
-Upstream credentials are decrypted here and nowhere else on the request path. Timeouts are the
+The client also owns the upstream request body (``upstream_body``: model mapped, output tokens
+capped, usage asked for) and what each upstream was learned to refuse: an upstream that answers
+400/422 naming ``stream_options`` is asked again at once without it, remembered for the process,
+and the refused answer is handed to the caller (``UpstreamResponse.refusals``) to audit as a call
+of its own. Upstream credentials are decrypted here and nowhere else on the request path. Timeouts are the
 upstream's own (``tenants.Upstream``): ``connect_timeout`` for the TCP/TLS connect,
 ``first_byte_timeout`` until the response headers and first body bytes, ``idle_timeout`` between two
 body reads. httpx's own read timeout is only a backstop: the relay enforces first-byte and idle
@@ -15,14 +19,17 @@ import functools
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from django.conf import settings
 
+from proxy.guard.request import ChatRequest
 from tenants import crypto
-from tenants.selectors import UpstreamTarget
+from tenants.auth import UpstreamTarget
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,14 @@ class UpstreamTimeout(Exception):
     def __init__(self, phase: str, seconds: float) -> None:
         super().__init__(f"no {phase} from the upstream within {seconds:g} s")
         self.phase = phase
+
+
+class DeadlineExceeded(UpstreamTimeout):
+    """The whole request's deadline passed (``RoutePlan.deadline``) while the upstream was still at it."""
+
+    def __init__(self, seconds: float) -> None:
+        Exception.__init__(self, f"the request deadline of {seconds:g} s passed")
+        self.phase = "request"
 
 
 class UpstreamUnavailable(Exception):
@@ -93,14 +108,33 @@ class _IdleWatch:
             self._handle = None
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An upstream answer the client asked again past: ``status``, capped ``body``, ``headers``, and
+    ``started`` / ``ended`` (monotonic seconds) of that call."""
+
+    status: int
+    body: bytes
+    headers: httpx.Headers
+    started: float
+    ended: float
+
+
 @dataclass(slots=True)
 class UpstreamResponse:
-    """An open upstream response: ``status``, ``headers`` and an async iterator of raw body chunks."""
+    """An open upstream response: ``status``, ``headers`` and an async iterator of raw body chunks.
+
+    ``asked_usage``: the body that got this answer asked for a usage chunk (``stream_options``);
+    ``refusals``: earlier answers of this call that the client asked again past, oldest first.
+    """
 
     status: int
     headers: httpx.Headers
     _response: httpx.Response
     _idle: float
+    asked_usage: bool = False
+    refusals: tuple[Refusal, ...] = ()
+    _prefetched: bytes | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Raw body chunks as they arrive (no re-chunking: ``aiter_raw()`` without ``chunk_size``).
@@ -130,6 +164,8 @@ class UpstreamResponse:
 
     async def read_capped(self, cap: int = ERROR_BODY_CAP) -> bytes:
         """Up to ``cap`` bytes of the body (for error answers)."""
+        if self._prefetched is not None:
+            return self._prefetched[:cap]
         parts: list[bytes] = []
         size = 0
         async for chunk in self.chunks():
@@ -184,6 +220,51 @@ def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
     return headers
 
 
+def upstream_body(request: ChatRequest, target: UpstreamTarget, *, ask_usage: bool, cap: int | None = None,
+                  drop_stream_options: bool = False) -> tuple[bytes, bool]:
+    """The body for ``target`` and whether it asks for usage: model mapped, output tokens capped at
+    ``cap``, ``stream_options.include_usage`` added when ``ask_usage`` (the guarded path accounts
+    retries with it), ``stream_options`` removed when the upstream refuses it.
+
+    The client's exact bytes are returned when nothing changes (a pass-through must stay
+    byte-identical upstream too).
+    """
+    body = request.body
+    changes: dict[str, Any] = {}
+    if body.get("model") != target.model:
+        changes["model"] = target.model
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if cap and isinstance(value, int) and value > cap:
+            changes[key] = cap
+    asked = request.include_usage and not drop_stream_options
+    if drop_stream_options:
+        if "stream_options" in body:
+            changes["stream_options"] = None
+    elif ask_usage and not request.include_usage:
+        options = body.get("stream_options")
+        changes["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        asked = True
+    if not changes and request.raw is not None:
+        return request.raw, asked
+    merged = {**body, **changes}
+    return json.dumps({k: v for k, v in merged.items() if v is not None or k not in changes}).encode(), asked
+
+
+async def _read_capped(response: httpx.Response, cap: int = ERROR_BODY_CAP) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_raw():
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= cap:
+                break
+    except httpx.TransportError:
+        pass  # what arrived is enough to classify the refusal
+    return b"".join(parts)[:cap]
+
+
 class UpstreamClient:
     """The process-wide upstream client. ``transport`` may be injected (tests use ``httpx.MockTransport``)."""
 
@@ -193,38 +274,73 @@ class UpstreamClient:
         # The pool timeout bounds waiting for a free connection; read deadlines are enforced per phase.
         timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
         self._client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport, trust_env=False)
+        #: Upstreams (by id) that answered 400 to ``stream_options``: they get requests without it.
+        self._refuses_stream_options: set[int] = set()
 
     @contextlib.asynccontextmanager
-    async def open(self, target: UpstreamTarget, body: bytes, *, stream: bool) -> AsyncIterator[UpstreamResponse]:
-        """POST ``body`` to ``{base_url}/chat/completions`` and yield the open response.
+    async def open(self, target: UpstreamTarget, request: ChatRequest, *, ask_usage: bool = False,
+                   max_output_tokens: int | None = None, first_byte: float | None = None,
+                   idle: float | None = None) -> AsyncIterator[UpstreamResponse]:
+        """POST ``request`` (``upstream_body``) to ``{base_url}/chat/completions``; yield the open response.
 
-        The response is closed when the context exits, also on cancellation (client disconnect).
-        Raises ``UpstreamTimeout`` (first byte) and ``UpstreamUnavailable`` (connect errors).
+        ``first_byte`` / ``idle`` (seconds) shorten the upstream's own deadlines (the relay's request
+        deadline and retry budget); they never lengthen them.
+
+        An answer refusing ``stream_options`` is asked again once without it (``UpstreamResponse.refusals``
+        holds the refused answer). The response is closed when the context exits, also on cancellation
+        (client disconnect). Raises ``UpstreamTimeout`` (first byte), ``UpstreamUnavailable`` (connect
+        errors) and ``UpstreamMisconfigured`` (stored secrets that do not decrypt).
         """
+        headers = self._headers(target, stream=request.stream)
+        drop = target.upstream_id in self._refuses_stream_options
+        body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
+                                    drop_stream_options=drop)
+        first_byte = min(target.first_byte_timeout, first_byte if first_byte is not None else target.first_byte_timeout)
+        idle = min(target.idle_timeout, idle if idle is not None else target.idle_timeout)
+        started = time.monotonic()
+        response = await self._send(target, headers, body, first_byte)
+        refusals: tuple[Refusal, ...] = ()
+        prefetched = None
         try:
-            headers = request_headers(target, stream=stream)
+            if response.status_code in (400, 422) and not drop and b'"stream_options"' in body:
+                prefetched = await _read_capped(response)
+                if b"stream_options" in prefetched:
+                    # The upstream refuses stream_options: remember it and ask again without.
+                    self._refuses_stream_options.add(target.upstream_id)
+                    refusals = (Refusal(response.status_code, prefetched, response.headers, started,
+                                        time.monotonic()),)
+                    await response.aclose()
+                    body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
+                                                drop_stream_options=True)
+                    response, prefetched = await self._send(target, headers, body, first_byte), None
+            yield UpstreamResponse(response.status_code, response.headers, response, idle, asked, refusals, prefetched)
+        finally:
+            await response.aclose()
+
+    def _headers(self, target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
+        try:
+            return request_headers(target, stream=stream)
         except crypto.CredentialError:
             logger.warning("upstream %s (id %s): stored secrets do not decrypt with CREDENTIAL_KEYS",
                            target.name, target.upstream_id)
             raise UpstreamMisconfigured(f"the stored credential of upstream {target.name!r} cannot be decrypted "
                                         "with the configured CREDENTIAL_KEYS; an operator must re-enter it") from None
+
+    async def _send(self, target: UpstreamTarget, headers: dict[str, str], body: bytes,
+                    first_byte: float) -> httpx.Response:
         request = self._client.build_request(
             "POST", f"{target.base_url}/chat/completions", content=body, headers=headers,
             extensions={"timeout": {"connect": target.connect_timeout, "read": None, "write": 30.0, "pool": 30.0}},
         )
         try:
-            async with asyncio.timeout(target.first_byte_timeout):
-                response = await self._client.send(request, stream=True)
+            async with asyncio.timeout(first_byte):
+                return await self._client.send(request, stream=True)
         except TimeoutError:
-            raise UpstreamTimeout("response", target.first_byte_timeout) from None
+            raise UpstreamTimeout("response", first_byte) from None
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("connection", target.connect_timeout) from exc
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from exc
-        try:
-            yield UpstreamResponse(response.status_code, response.headers, response, target.idle_timeout)
-        finally:
-            await response.aclose()
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -25,6 +25,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+if [[ -z "${UPSTREAM_URL:-}" ]]; then
+  # The simulator listens on loopback, which the outbound address policy refuses: allow that one
+  # address for the demo, explicitly (added to any allow-list the environment already has).
+  export UPSTREAM_ALLOW_NETWORKS="${UPSTREAM_ALLOW_NETWORKS:+$UPSTREAM_ALLOW_NETWORKS,}127.0.0.1/32"
+fi
+
 "$PY" manage.py migrate --no-input -v 0
 "$PY" manage.py demo_setup
 

@@ -25,7 +25,18 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from tenants.models import ApiKey, Membership, ModelRoute, PolicyFields, RouteFallback, Tenant, Upstream
+from tenants.admin_site import register_login_trail
+from tenants.models import (
+    ApiKey,
+    Membership,
+    ModelRoute,
+    PolicyFields,
+    RouteFallback,
+    Tenant,
+    Upstream,
+    validate_extra_headers,
+    validate_header_value,
+)
 from tenants.selectors import tenants_for_user
 from tenants.services import api_key_create, api_key_revoke
 
@@ -300,6 +311,8 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
         count = 0
         for key in keys:
             api_key_revoke(key=key)
+            # Bulk actions write no history by themselves: one entry per key, as a change page would.
+            self.log_change(request, key, "Revoked (action “Revoke the selected API keys”).")
             count += 1
         self.message_user(request, f"Revoked {count} API key(s). Running proxy processes refuse them within "
                                    f"{settings.AUTH_CACHE_SECONDS:g} s.", messages.SUCCESS)
@@ -346,7 +359,7 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
     """
 
     new_credential = forms.CharField(
-        label="Set credential", required=False, widget=forms.PasswordInput(render_value=False),
+        label="Set credential", required=False, strip=False, widget=forms.PasswordInput(render_value=False),
         help_text="Write-only API key for this upstream. Leave blank to keep the stored one.")
     clear_credential = forms.BooleanField(label="Remove credential", required=False)
     new_extra_headers = forms.CharField(
@@ -360,7 +373,8 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
 
     class Meta:
         model = Upstream
-        fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout")
+        fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout",
+                  "request_deadline")
 
     def clean(self) -> dict[str, Any]:
         """Stored secrets stay bound to the host they were entered for: moving the upstream to another
@@ -377,6 +391,13 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
             self.add_error("new_extra_headers", "The host changed: enter the extra headers again, or remove them.")
         return data
 
+    def clean_new_credential(self) -> str:
+        """No line breaks, control characters or surrounding spaces (they would break the header)."""
+        value: str = self.cleaned_data.get("new_credential", "")
+        if value:
+            validate_header_value(value, what="The credential")
+        return value
+
     def clean_new_extra_headers(self) -> dict[str, str] | None:
         raw = self.cleaned_data.get("new_extra_headers", "").strip()
         if not raw:
@@ -387,6 +408,7 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
             raise ValidationError("Not valid JSON.") from None
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ValidationError("Expected a JSON object mapping header names to string values.")
+        validate_extra_headers(value)
         return value
 
 
@@ -408,18 +430,23 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     """Upstreams: the credential is write-only and shown masked (``sk-…3f9a``)."""
 
     form = UpstreamForm
-    list_display = ("name", "tenant", "base_url", "masked_credential", "enabled", "connect_timeout",
+    list_display = ("name", "tenant", "shown_url", "masked_credential", "enabled", "connect_timeout",
                     "first_byte_timeout", "idle_timeout")
     list_filter = (TenantFilter, "enabled")
     search_fields = ("name", "base_url", "tenant__name")
     list_select_related = ("tenant",)
-    readonly_fields = ("masked_credential", "extra_headers_state", "created")
+    readonly_fields = ("masked_credential", "extra_headers_state", "created", "shown_url")
     fieldsets = (
         (None, {"fields": ("tenant", "name", "base_url", "enabled", "created")}),
         ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential",
                                 "extra_headers_state", "new_extra_headers", "clear_extra_headers")}),
-        ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout")}),
+        ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout",
+                                           "request_deadline")}),
     )
+
+    @admin.display(description="base URL", ordering="base_url")
+    def shown_url(self, obj: Upstream) -> str:
+        return obj.display_url
 
     @admin.display(description="credential", ordering="credential_hint")
     def masked_credential(self, obj: Upstream) -> str:
@@ -432,8 +459,10 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     def get_fieldsets(self, request: HttpRequest, obj: Upstream | None = None) -> Any:
         if self.has_change_permission(request, obj):
             return self.fieldsets
-        # View-only pages render every field read-only; the write-only inputs have nothing to show.
-        return [(name, {**opts, "fields": [f for f in opts["fields"] if f not in SECRET_FORM_FIELDS]})
+        # View-only pages render every field read-only; the write-only inputs have nothing to show,
+        # and the URL is shown masked (a row saved before userinfo was refused may hold user:pass@).
+        return [(name, {**opts, "fields": ["shown_url" if f == "base_url" else f for f in opts["fields"]
+                                           if f not in SECRET_FORM_FIELDS]})
                 for name, opts in self.fieldsets]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Upstream | None = None) -> Any:
@@ -493,7 +522,8 @@ class ModelRouteAdmin(TenantScopedAdmin[ModelRoute]):
     list_select_related = ("tenant", "upstream")
     readonly_fields = ("created",)
     fieldsets = (
-        (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens", "created")}),
+        (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
+                           "request_deadline", "created")}),
         ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
                                     "description": POLICY_HELP.format("the tenant's value")}),
     )
@@ -536,3 +566,8 @@ class MembershipAdmin(TenantScopedAdmin[Membership]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
         return _is_staff(request) and request.user.is_superuser
+
+
+# ----- the login trail (django-axes' records, read-only for superusers) -----
+
+register_login_trail(admin.site)

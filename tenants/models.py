@@ -18,10 +18,49 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from proxy import outbound
 from proxy.guard.policy import DETERMINISTIC_REPAIRS, Exhaustion, FragmentStorage, GuardPolicy, Repair
 from tenants import crypto
 
 API_KEY_PREFIX = "tr"
+
+
+#: RFC 9110 section 5.1: a header name is a token.
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def validate_header_value(value: str, *, what: str = "The value") -> None:
+    """Refuse what cannot go into an HTTP header as given (RFC 9110 section 5.5): CR, LF, NUL or any
+    other control character, and surrounding whitespace (httpx refuses these with an error that
+    quotes the value, i.e. the secret). Raises ``ValidationError``."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValidationError(f"{what} contains a line break or another control character.")
+    if value != value.strip():
+        raise ValidationError(f"{what} starts or ends with whitespace.")
+
+
+def validate_header_name(name: str) -> None:
+    """A header name must be a non-empty token (RFC 9110 section 5.1). Raises ``ValidationError``."""
+    if not name or any(ch not in _TOKEN_CHARS for ch in name):
+        raise ValidationError(f"{name[:40]!r} is not a valid header name.")
+
+
+def validate_extra_headers(headers: dict[str, str]) -> None:
+    """Every name a token, every value a valid header value (values are not quoted in the error)."""
+    for name, value in headers.items():
+        validate_header_name(name)
+        validate_header_value(value, what=f"The value of header {name!r}")
+
+
+def validate_outbound_url(url: str) -> None:
+    """The outbound address policy at save time (``proxy.outbound.check_url``). Raises ``ValidationError``."""
+    try:
+        outbound.check_url(url)
+    except outbound.OutboundRefused as exc:
+        where = f"{exc.address} is " if exc.address else ""
+        raise ValidationError(f"Refused by the outbound address policy: {where}{exc.reason}. toolrelay connects "
+                              "only to public addresses unless the operator allows a network "
+                              "(UPSTREAM_ALLOW_NETWORKS).") from None
 
 
 def _default_repairs() -> list[str]:
@@ -167,6 +206,10 @@ class Upstream(models.Model):
     connect_timeout = models.FloatField(default=10.0, validators=[MinValueValidator(0.1)])
     first_byte_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
     idle_timeout = models.FloatField(default=120.0, validators=[MinValueValidator(0.1)])
+    request_deadline = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1.0)],
+        help_text="Longest a whole request through this upstream may take, in seconds (blank: the server's "
+                  "REQUEST_DEADLINE_SECONDS; a value can only shorten it).")
     enabled = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -175,7 +218,20 @@ class Upstream(models.Model):
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="upstream_unique_name_per_tenant")]
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.base_url})"
+        return f"{self.name} ({self.display_url})"
+
+    def clean(self) -> None:
+        """The base URL must pass the outbound address policy (no internal addresses, no userinfo)."""
+        if self.base_url:
+            try:
+                validate_outbound_url(self.base_url)
+            except ValidationError as exc:
+                raise ValidationError({"base_url": exc.messages}) from None
+
+    @property
+    def display_url(self) -> str:
+        """The base URL as it may be shown: never a ``user:pass@`` (rows saved before it was refused)."""
+        return outbound.safe_url(self.base_url) if "@" in self.base_url else self.base_url
 
     @property
     def credential_display(self) -> str:
@@ -183,7 +239,8 @@ class Upstream(models.Model):
         return self.credential_hint
 
     def set_credential(self, raw: str) -> None:
-        """Encrypt and store ``raw`` (empty clears it); keeps only a masked hint in clear."""
+        """Encrypt and store ``raw`` (empty clears it); keeps only a masked hint in clear. Validate it
+        first with ``validate_header_value`` (it goes into ``Authorization``)."""
         self.credential_encrypted = crypto.encrypt(raw) if raw else ""
         self.credential_hint = _mask(raw)
 
@@ -222,6 +279,10 @@ class ModelRoute(PolicyFields):
     upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="routes")
     upstream_model = models.CharField(max_length=200, blank=True)
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    request_deadline = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1.0)],
+        help_text="Longest a whole request on this route may take, in seconds (blank: the upstream's or the "
+                  "server's; a value can only shorten them).")
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

@@ -13,7 +13,15 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from tenants import crypto
-from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Tenant, Upstream
+from tenants.models import (
+    API_KEY_PREFIX,
+    ApiKey,
+    ModelRoute,
+    Tenant,
+    Upstream,
+    validate_extra_headers,
+    validate_header_value,
+)
 
 _PREFIX_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -63,7 +71,15 @@ def tenant_ensure(*, name: str) -> tuple[Tenant, bool]:
 
 def upstream_upsert(*, tenant: Tenant, name: str, base_url: str, credential: str | None = None,
                     extra_headers: dict[str, str] | None = None) -> Upstream:
-    """Create or update the tenant's upstream ``name``; ``credential`` None keeps the stored one."""
+    """Create or update the tenant's upstream ``name``; ``credential`` None keeps the stored one.
+
+    Raises ``ValidationError`` when the base URL fails the outbound address policy (an internal
+    address, ``user:pass@``) or a secret cannot be a header value (CR, LF, NUL, surrounding spaces).
+    """
+    if credential:
+        validate_header_value(credential, what="The credential")
+    if extra_headers:
+        validate_extra_headers(extra_headers)
     upstream = Upstream.objects.filter(tenant=tenant, name=name).first() or Upstream(tenant=tenant, name=name)
     upstream.base_url = base_url.rstrip("/")
     if credential is not None:

@@ -28,14 +28,39 @@ def _fast_password_hasher(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_journal(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """This test process journals into a folder of its own (never another run's, never var/journal)."""
+    from django.conf import settings
+
+    settings.JOURNAL_DIR = str(tmp_path_factory.mktemp("journal"))
+    settings.JOURNAL_PING_SECONDS = settings.JOURNAL_ORPHAN_SCAN_SECONDS = 3600.0  # no database use between tests
+
+
+@pytest.fixture(autouse=True)
+def _journal_drained() -> Iterator[None]:
+    """After each test, the audit records it journaled are in the database before the tables are flushed, and
+    the writer holds no connection (pytest-django drops the test database at the end)."""
+    yield
+    from audit.journal_writer import drained, writer
+
+    assert drained(15), "the audit journal did not drain within 15 s"
+    running = writer()
+    if running is not None:
+        assert running.release_connection(), "the journal writer did not release its connection"
+
+
 @pytest.fixture(autouse=True)
 def _fresh_key_cache() -> Iterator[None]:
     """Each test starts with an empty API key cache (it lives for the whole process otherwise)."""
-    from tenants.selectors import key_cache
+    from tenants import last_good
+    from tenants.auth import key_cache
 
     key_cache.clear()
+    last_good.forget_all()
     yield
     key_cache.clear()
+    last_good.forget_all()
 
 
 @dataclass

@@ -7,6 +7,10 @@
   before the end: a commit trigger), ``Finding`` and at most one ``Abort``.
 - ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``.
 
+The guard releases every text delta as soon as it is safe; whether it reaches the client now, later
+or not at all (text streaming off, a retry after text was sent) is ``proxy.guard.delivery.Delivery``'s
+rule. Findings about a tool-call slot carry the tool's name in the decision (``Finding.tool``).
+
 ``Abort`` comes the moment the attempt is provably unrecoverable and ``policy.early_abort`` is on:
 an upstream error (C41, C43), an unparseable or foreign data frame (C45), a changed completion id,
 arguments no normalisation can turn into JSON (snapshots, C14, and re-sent arguments, C15, never
@@ -22,9 +26,10 @@ here raises on any input; a guard bug becomes a ``GUARD_INTERNAL_ERROR`` retry, 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
-from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed, resolve_slot_name
+from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed
 from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
 from proxy.guard.markup import MarkupScanner, ScanResult
@@ -48,10 +53,9 @@ class AttemptGuard:
         self._markup = bool(request.tools) and request.tool_choice != "none"
         self._allow_markup = policy.allows(Repair.LEAKED_MARKUP)
         self._scanners: dict[tuple[int, Channel], MarkupScanner] = {}
-        self._texts: dict[tuple[int, str], list[str]] = {}
+        self._texts: dict[tuple[int, str], list[str]] = {}  # the attempt's text, markup removed
         self._calls: dict[int, list[ToolCall]] = {}
         self.findings: list[Finding] = []
-        self._held: list[TextDelta] = []
         self._aborted = False
         self._decision: Decision | None = None
 
@@ -92,11 +96,24 @@ class AttemptGuard:
         except Exception as exc:  # noqa: BLE001
             self._internal(exc, out)
             decision = _decision(self.findings, None, None)
+        decision = self._named(decision)
         self._decision = decision
-        if decision.usable:
-            out[:0] = self._held
         out.append(Done(decision))
         return out
+
+    @property
+    def frames(self) -> int:
+        """The number of SSE events read so far."""
+        return self._acc.frames
+
+    def _named(self, decision: Decision) -> Decision:
+        """``decision`` with each slot finding naming the tool its slot amounts to (for the audit)."""
+        if not any(f.slot is not None for f in decision.findings):
+            return decision
+        names = self._acc.slot_names()
+        findings = tuple(replace(f, tool=names.get((f.choice or 0, f.slot), "")) if f.slot is not None else f
+                         for f in decision.findings)
+        return replace(decision, findings=findings)
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -147,18 +164,13 @@ class AttemptGuard:
         if not text:
             return
         self._texts.setdefault((choice, channel), []).append(text)
-        delta = TextDelta(choice, channel, text)
-        if self.policy.stream_text:
-            out.append(delta)
-        else:
-            self._held.append(delta)
+        out.append(TextDelta(choice, channel, text))
 
     def _slot_closed(self, item: SlotClosed, out: list[Event]) -> None:
         """A finished call: abort on an unrepairable name, else announce it when already valid."""
-        slot = self._acc.choices[item.choice].slots[item.slot]
-        if not slot.names:
+        name = self._acc.slot_name(item.choice, item.slot)
+        if name is None:
             return  # a name may still arrive late (C05): never judged before it exists
-        name = resolve_slot_name(slot.names, self.request.names, self.policy)
         if resolve_name(name, self.request.names, self.policy) is None:
             f = Finding(K.UNDECLARED_OR_PREFIXED_TOOL_NAME, Severity.ERROR, Action.RETRY,
                         f"tool {name[:80]!r} is not declared", item.choice, item.slot)
@@ -178,10 +190,6 @@ class AttemptGuard:
         self._aborted = False  # make sure the finding is recorded and aborts
         self._finding(f, out)
         self._aborted = True
-
-    def tool_names(self) -> dict[tuple[int, int], str]:
-        """The tool name of each call slot seen, by (choice, slot): what findings with a slot are about."""
-        return self._acc.slot_names()
 
     # -- the end ---------------------------------------------------------------------------------
 

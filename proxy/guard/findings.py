@@ -130,6 +130,7 @@ class Finding:
     frame: int | None = None
     offset: int | None = None
     fragment: str = ""
+    tool: str = ""  # the tool the finding's slot amounts to, filled in at the end of the attempt
 
     @property
     def fatal(self) -> bool:

@@ -253,15 +253,14 @@ def _quote(name: str) -> str:
     return json.dumps(name[:100])
 
 
-def tool_declaration_problem(body: dict[str, Any]) -> tuple[str, str] | None:
-    """Why a chat.completions request's tool declarations can never be satisfied, as ``(message, param)``,
-    or None. Caught before any upstream call: retrying the upstream cannot fix the client's request.
+def tool_declaration_problem(spec: RequestSpec) -> tuple[str, str] | None:
+    """Why a request's tool declarations (``spec``) can never be satisfied, as ``(message, param)``, or
+    None. Caught before any upstream call: retrying the upstream cannot fix the client's request.
 
     Two tools with one name (which schema would a call be checked against?), and a ``tool_choice``
     that forces an undeclared function or requires a call with no tools declared (OpenAI answers
     both with 400, PROTOCOLS.md 1.1).
     """
-    spec = RequestSpec.from_openai(body)
     seen: set[str] = set()
     for tool in spec.tools:
         if tool.name in seen:

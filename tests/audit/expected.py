@@ -27,7 +27,7 @@ from typing import Any
 from tests.audit.conftest import AuditRows
 
 ZERO_OUTCOMES = {"pending": 0, "clean": 0, "normalized": 0, "repaired": 0, "recovered-by-retry": 0, "exhausted": 0,
-                 "upstream-error": 0, "client-cancelled": 0, "rejected": 0}
+                 "upstream-error": 0, "client-cancelled": 0, "interrupted": 0, "rejected": 0}
 
 
 def expected_figures(rows: AuditRows) -> dict[str, Any]:

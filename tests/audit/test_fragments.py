@@ -41,7 +41,7 @@ def test_it_marks_the_end_of_a_truncated_payload() -> None:
 def test_it_highlights_marked_frames_with_their_labels() -> None:
     """Marked frames are highlighted and labelled; others are not."""
     html = render_frames(split_frames(BODY), {2: ["sse-data-without-space"]})
-    assert html.count("background:#fef3c7") == 1 and "sse-data-without-space" in html
+    assert html.count("tr-frame-marked") == 1 and "sse-data-without-space" in html
     assert "frame 2 · byte offset 49" in html
 
 

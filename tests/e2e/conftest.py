@@ -28,6 +28,9 @@ from proxy.simulator import start_in_thread
 ROOT = Path(__file__).resolve().parents[2]
 #: Short-lived auth cache so a revoked key is refused quickly in the tests.
 AUTH_CACHE_SECONDS = "1"
+#: The simulator and the test upstreams listen on loopback, which the outbound address policy
+#: refuses unless allowed: the tests allow it, in Daphne and in this process, as `make run` does.
+ALLOW_LOOPBACK = "127.0.0.0/8"
 
 
 def _free_port() -> int:
@@ -79,7 +82,8 @@ def proxy_server(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory:
         database_url = _database_url()
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
            "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
-           "LOG_LEVEL": "WARNING"}
+           "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(tmp_path_factory.mktemp("journal")),
+           "JOURNAL_BATCH_SECONDS": "0.02", "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK}
     handle = log.open("wb")
     process = subprocess.Popen(  # noqa: S603 - fixed argv
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
@@ -160,6 +164,12 @@ def audit_rows(django_db_blocker: Any) -> Callable[..., Any]:
     return fetch
 
 
+@pytest.fixture(autouse=True)
+def _allow_loopback_upstreams(settings: Any) -> None:
+    """Upstreams saved by these tests (the simulator) are on loopback: allowed here as in Daphne."""
+    settings.UPSTREAM_ALLOW_NETWORKS = [ALLOW_LOOPBACK]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every end-to-end test uses the test database in autocommit mode (so Daphne sees its rows);
     pytest-django only creates test databases for tests that ask for them."""
@@ -179,11 +189,17 @@ def _proxy_quiet_after_test(request: pytest.FixtureRequest, transactional_db: An
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
-        line = next((x for x in metrics.splitlines() if x.startswith("toolrelay_requests_in_flight ")), "")
-        if line and float(line.split()[1]) == 0:
+        backlog = httpx.get(f"{server.url}/readyz", timeout=5).json()["journal_backlog_bytes"]  # live, not a gauge
+        if _gauge(metrics, "toolrelay_requests_in_flight") == 0 and backlog == 0:
             return
         time.sleep(0.05)
-    raise AssertionError("the proxy still has requests in flight 15 s after the test")
+    raise AssertionError("the proxy still has requests in flight or audit records unwritten 15 s after the test")
+
+
+def _gauge(metrics: str, name: str) -> float:
+    """A gauge's value in a Prometheus exposition (0 when the gauge has no sample yet)."""
+    line = next((x for x in metrics.splitlines() if x.startswith(f"{name} ")), "")
+    return float(line.split()[1]) if line else 0.0
 
 
 #: The proxy asks guarded upstreams for usage, so their usage-only chunk is the protocol, not the

@@ -351,11 +351,12 @@ def test_it_lists_models_in_anthropic_format(make_tenant: Any, proxy_server: Any
 # -- errors -----------------------------------------------------------------------------------------
 
 
-def _assert_anthropic_error(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
+def _assert_anthropic_error(response: httpx.Response, status: int, kind: str, *,
+                            should_retry: str = "false") -> dict[str, Any]:
     assert response.status_code == status
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == kind
-    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-should-retry"] == should_retry
     assert response.headers["x-request-id"] in body["error"]["message"]
     return body
 
@@ -402,16 +403,17 @@ def test_it_refuses_malformed_requests_in_anthropic_shape(body: dict[str, Any], 
     _assert_anthropic_error(not_json, 400, "invalid_request_error")
 
 
-@pytest.mark.parametrize(("scenario", "status", "kind"), [
-    ("http:500", 502, "api_error"),
-    ("http:429:retry-after=0.1", 429, "rate_limit_error"),
-    ("http:400", 400, "invalid_request_error"),
+@pytest.mark.parametrize(("scenario", "status", "kind", "should_retry"), [
+    ("http:500", 502, "api_error", "true"),  # an upstream that keeps failing: worth retrying later
+    ("http:429:retry-after=0.1", 429, "rate_limit_error", "true"),
+    ("http:400", 400, "invalid_request_error", "false"),  # the request itself is wrong
 ])
-def test_it_reports_upstream_failures_in_anthropic_shape(scenario: str, status: int, kind: str, make_tenant: Any,
-                                                         proxy_server: Any, audit_rows: Any) -> None:
+def test_it_reports_upstream_failures_in_anthropic_shape(scenario: str, status: int, kind: str, should_retry: str,
+                                                         make_tenant: Any, proxy_server: Any,
+                                                         audit_rows: Any) -> None:
     tenant = make_tenant()
     messages, _ = _messages()
     response = _post(proxy_server, tenant, {"model": f"gen:calls=1:{scenario}", "max_tokens": 100,
                                             "stream": True, "messages": messages, "tools": [WEATHER]})
-    _assert_anthropic_error(response, status, kind)
+    _assert_anthropic_error(response, status, kind, should_retry=should_retry)
     assert audit_rows(response.headers["x-request-id"]).client_protocol == "anthropic-messages"

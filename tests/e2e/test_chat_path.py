@@ -97,7 +97,8 @@ def test_it_retries_429_honouring_retry_after_then_fails_cleanly(make_tenant: An
     response = _post(tenant, {"model": "http:429:retry-after=0.3", "messages": messages, "stream": True,
                               "tools": WEATHER_TOOL})
     assert response.status_code == 429
-    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-should-retry"] == "true", "a rate limit is worth retrying later"
+    assert response.headers["retry-after"] == "1", "the upstream's Retry-After (0.3 s) reaches the client"
     assert response.headers["x-request-id"] in response.json()["error"]["message"]
     assert len(_calls(simulator, marker)) == 3
     assert time.monotonic() - started >= 0.6, "two Retry-After waits of 0.3 s"
@@ -132,7 +133,7 @@ def test_it_gives_a_clean_error_when_the_upstream_is_unreachable(make_tenant: An
     messages, _ = _marker_messages()
     response = _post(tenant, {"model": "m", "messages": messages, "stream": True, "tools": WEATHER_TOOL})
     assert response.status_code == 502
-    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-should-retry"] == "true", "an unreachable upstream is worth retrying later"
     row = audit_rows(response.headers["x-request-id"])
     assert (row.outcome, row.attempts) == ("upstream-error", 3)
 

@@ -288,11 +288,11 @@ def test_it_ends_a_committed_stream_with_response_failed_under_the_error_policy(
 # -- errors -----------------------------------------------------------------------------------------
 
 
-def _assert_openai_error(response: Any, status: int) -> dict[str, Any]:
+def _assert_openai_error(response: Any, status: int, *, should_retry: str = "false") -> dict[str, Any]:
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-should-retry"] == should_retry
     assert response.headers["x-request-id"] in error["message"]
     return dict(error)
 
@@ -331,17 +331,17 @@ def test_it_refuses_malformed_requests_in_openai_shape(body: dict[str, Any], par
     _assert_openai_error(not_json, 400)
 
 
-@pytest.mark.parametrize(("scenario", "status", "exception"), [
-    ("http:500", 502, openai.InternalServerError),
-    ("http:429:retry-after=0.1", 429, openai.RateLimitError),
-    ("http:400", 400, openai.BadRequestError),
+@pytest.mark.parametrize(("scenario", "status", "exception", "should_retry"), [
+    ("http:500", 502, openai.InternalServerError, "true"),  # an upstream that keeps failing: retry later
+    ("http:429:retry-after=0.1", 429, openai.RateLimitError, "true"),
+    ("http:400", 400, openai.BadRequestError, "false"),  # the request itself is wrong
 ])
 def test_it_reports_upstream_failures_in_openai_shape(scenario: str, status: int, exception: type[Exception],
-                                                      make_tenant: Any, audit_rows: Any) -> None:
+                                                      should_retry: str, make_tenant: Any, audit_rows: Any) -> None:
     tenant = make_tenant()
     items, _ = _input()
     with pytest.raises(exception) as caught:
         _stream(tenant, model=f"gen:calls=1:{scenario}", input=items, tools=[EXEC])
     response = caught.value.response  # type: ignore[attr-defined]
-    _assert_openai_error(response, status)
+    _assert_openai_error(response, status, should_retry=should_retry)
     assert audit_rows(response.headers["x-request-id"]).client_protocol == "openai-responses"

@@ -14,11 +14,12 @@ def test_it_answers_healthz(client: Client) -> None:
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_it_answers_readyz_when_the_database_is_up(client: Client) -> None:
-    """``/readyz`` is 200 when the database answers."""
+    """``/readyz`` is 200 with the database's state, the journal backlog and Redis (off here)."""
     response = client.get("/readyz")
-    assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert response.status_code == 200
+    assert response.json() == {"database": "ok", "journal_backlog_bytes": 0, "redis": "off"}
 
 
 def test_it_serves_metrics_only_with_the_token_when_one_is_set(client: Client, settings: Any) -> None:

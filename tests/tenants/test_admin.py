@@ -13,8 +13,8 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.urls import reverse
 
+from tenants.auth import principal_for_key
 from tenants.models import ApiKey, Membership, ModelRoute, Upstream
-from tenants.selectors import tenant_for_key
 from tests.conftest import CREDENTIAL_A, CREDENTIAL_B, HEADER_SECRET_A, TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -123,8 +123,8 @@ def test_it_shows_a_new_key_once_and_never_again(login: Login, admin_a: User, wo
     found = RAW_KEY.findall(response.content.decode())
     assert found and len(set(found)) == 1
     raw = found[0]
-    snapshot = tenant_for_key(raw)
-    assert snapshot is not None and snapshot.tenant_id == world_a.tenant.pk
+    principal = principal_for_key(raw)
+    assert principal is not None and principal.tenant_id == world_a.tenant.pk
     key = ApiKey.objects.get(name="ci-bot")
     for url in (_url("apikey", "add"), _url("apikey", "changelist"), _url("apikey", "change", key.pk),
                 _url("tenant", "change", world_a.tenant.pk), _url("apikey", "history", key.pk), reverse("admin:index")):
@@ -156,7 +156,7 @@ def test_it_revokes_keys_through_the_action(login: Login, admin_a: User, world_a
                         {"action": "revoke", "_selected_action": [world_a.api_key.pk, world_b.api_key.pk]})
     assert ApiKey.objects.get(pk=world_a.api_key.pk).revoked_at is not None
     assert ApiKey.objects.get(pk=world_b.api_key.pk).revoked_at is None
-    assert tenant_for_key(world_a.raw_key) is None
+    assert principal_for_key(world_a.raw_key) is None
 
 
 # ----- scoping -----

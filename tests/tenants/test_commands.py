@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from tenants.auth import principal_for_key
 from tenants.models import ApiKey, ModelRoute, Tenant, Upstream
-from tenants.selectors import tenant_for_key
 from tenants.services import upstream_upsert
 from tests.conftest import TenantWorld
 
@@ -49,8 +49,9 @@ def test_it_prints_json_that_is_usable_as_is() -> None:
     """``--json`` prints one object whose key authenticates and whose base URL is the OpenAI-style one."""
     payload = json.loads(_provision("--json"))
     assert set(payload) == {"tenant", "api_key", "base_url"}
-    snapshot = tenant_for_key(payload["api_key"])
-    assert snapshot is not None and snapshot.tenant.name == payload["tenant"] == "Acme"
+    principal = principal_for_key(payload["api_key"])
+    assert payload["tenant"] == "Acme"
+    assert principal is not None and principal.tenant_id == Tenant.objects.get(name="Acme").pk
     assert payload["base_url"] == f"{settings.SITE_URL}/v1" and payload["base_url"].endswith("/v1")
 
 
@@ -76,7 +77,7 @@ def test_it_creates_lists_and_revokes_keys(world_a: TenantWorld) -> None:
     """``apikey create`` prints a working key once; ``list`` shows prefixes only; ``revoke`` takes prefix or id."""
     created = _run("apikey", "create", "--tenant", "Tenant A", "--name", "laptop")
     raw = RAW_KEY.search(created)
-    assert raw is not None and tenant_for_key(raw.group(0)) is not None
+    assert raw is not None and principal_for_key(raw.group(0)) is not None
     listing = _run("apikey", "list", "--tenant", "tenant-a")
     key = ApiKey.objects.get(name="laptop")
     assert key.display in listing and "laptop" in listing
@@ -99,7 +100,7 @@ def test_it_revokes_a_key_by_any_form_of_its_prefix(form: str, world_a: TenantWo
 def test_it_creates_keys_with_an_expiry_and_as_json(world_a: TenantWorld) -> None:
     """``--expires-days`` sets the expiry; ``--json`` prints the provision-style object."""
     payload = json.loads(_run("apikey", "create", "--tenant", "Tenant A", "--expires-days", "7", "--json"))
-    assert tenant_for_key(payload["api_key"]) is not None
+    assert principal_for_key(payload["api_key"]) is not None
     assert ApiKey.objects.get(prefix=payload["api_key"].split("-")[1]).expires is not None
 
 
@@ -140,8 +141,11 @@ def test_it_rotates_stored_credentials_to_the_newest_key() -> None:
         _run("credential_key", "--rotate")
 
 
+@override_settings(UPSTREAM_ALLOW_NETWORKS=["127.0.0.1/32"])
 def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """First run: a superuser and a demo tenant on the simulator, login and key printed; second run changes nothing."""
+    """First run: a superuser and a demo tenant on the simulator, login and key printed; second run changes nothing.
+
+    The simulator is on loopback: the demo allows it explicitly, as `make run` does (scripts/run.sh)."""
     monkeypatch.delenv("UPSTREAM_URL", raising=False)
     monkeypatch.setenv("SIMULATOR_PORT", "8123")
     first = _run("demo_setup")
@@ -149,14 +153,22 @@ def test_it_sets_up_the_demo_once(monkeypatch: pytest.MonkeyPatch) -> None:
     raw = RAW_KEY.search(first)
     assert password is not None and raw is not None
     assert User.objects.get(username="admin").check_password(password.group(1))
-    snapshot = tenant_for_key(raw.group(0))
-    assert snapshot is not None and snapshot.tenant.name == "demo"
-    assert snapshot.default_upstream is not None and snapshot.default_upstream.base_url == "http://127.0.0.1:8123/v1"
+    principal = principal_for_key(raw.group(0))
+    assert principal is not None and principal.tenant_id == Tenant.objects.get(name="demo").pk
+    assert principal.default_target is not None and principal.default_target.base_url == "http://127.0.0.1:8123/v1"
     assert f"{settings.SITE_URL}/v1" in first and f"{settings.SITE_URL}/admin/" in first
     second = _run("demo_setup")
     assert "python manage.py apikey create --tenant demo" in second
     assert not RAW_KEY.search(second) and password.group(1) not in second
     assert Tenant.objects.count() == 1 and ApiKey.objects.count() == 1 and User.objects.count() == 1
+
+
+def test_the_demo_names_the_allow_list_when_its_simulator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the allow-list the loopback simulator is refused, with a message that says what to set."""
+    monkeypatch.delenv("UPSTREAM_URL", raising=False)
+    with pytest.raises(CommandError, match="UPSTREAM_ALLOW_NETWORKS=127.0.0.1/32"):
+        _run("demo_setup")
+    assert not Tenant.objects.exists() and not User.objects.exists()
 
 
 def test_it_points_the_demo_at_a_real_upstream(monkeypatch: pytest.MonkeyPatch) -> None:

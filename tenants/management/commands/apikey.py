@@ -9,9 +9,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from tenants.auth import parse_api_key
 from tenants.management.commands._common import base_url, client_urls, tenant_named
 from tenants.models import API_KEY_PREFIX, ApiKey, Tenant
-from tenants.selectors import NotFound, api_key_for_tenant, api_keys_for_tenant, parse_api_key
+from tenants.selectors import NotFound, api_key_for_tenant, api_keys_for_tenant
 from tenants.services import api_key_create, api_key_revoke
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from config.env import envint, envstr
@@ -44,9 +45,13 @@ class Command(BaseCommand):
         url, key = demo_upstream()
         # One transaction: a failed first run leaves nothing behind, so the next run starts afresh
         # instead of finding an admin whose password was never printed.
-        with transaction.atomic():
-            login = self._create_admin(options["admin_user"])
-            result = provision(tenant_name=DEMO_TENANT, upstream_url=url, upstream_key=key)
+        try:
+            with transaction.atomic():
+                login = self._create_admin(options["admin_user"])
+                result = provision(tenant_name=DEMO_TENANT, upstream_url=url, upstream_key=key)
+        except ValidationError as exc:
+            raise CommandError(f"the demo upstream {url} is refused: {'; '.join(exc.messages)} "
+                               "(`make run` allows its simulator with UPSTREAM_ALLOW_NETWORKS=127.0.0.1/32)") from None
         simulated = "   (the built-in simulator: it corrupts some tool calls on purpose)" if key is None and \
             not envstr("UPSTREAM_URL").strip() else ""
         self.stdout.write("\n".join([

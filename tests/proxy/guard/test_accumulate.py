@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from proxy.guard.attempt import AttemptGuard, decide_completion
-from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
+from proxy.guard.attempt import decide_completion
+from proxy.guard.events import Abort, Done, ToolCallValid
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.turn import Outcome, RequestSpec, ToolSpec
@@ -390,14 +390,6 @@ def test_it_streams_text_reasoning_and_refusal_per_choice() -> None:
     assert released(events, 0, "reasoning") == "thinking" and released(events, 0, "refusal") == "no"
     assert d.turn is not None and d.turn.choices[0].reasoning == "thinking"
     assert d.turn.choices[0].refusal == "no"
-
-
-def test_it_holds_text_until_the_end_when_streaming_is_off() -> None:
-    """``stream_text=False``: every TextDelta comes from ``finish()``, before ``Done``."""
-    guard = AttemptGuard(TOOLS, GuardPolicy(stream_text=False))
-    assert not [e for e in guard.feed(sse(text("abc"), finish("stop"))) if isinstance(e, TextDelta)]
-    tail = guard.finish()
-    assert [e.text for e in tail if isinstance(e, TextDelta)] == ["abc"] and isinstance(tail[-1], Done)
 
 
 def test_it_rejects_an_empty_turn() -> None:

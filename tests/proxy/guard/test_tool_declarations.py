@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from proxy.guard.turn import RequestSpec
 from proxy.guard.validate import tool_declaration_problem
 
 
@@ -20,7 +21,7 @@ def _tool(name: str, required: str = "a") -> dict[str, Any]:
     ({"tool_choice": "required"}, "tool_choice"),
 ])
 def test_it_names_the_unsatisfiable_declaration(body: dict[str, Any], param: str) -> None:
-    problem = tool_declaration_problem(body)
+    problem = tool_declaration_problem(RequestSpec.from_openai(body))
     assert problem is not None and problem[1] == param
 
 
@@ -31,4 +32,4 @@ def test_it_names_the_unsatisfiable_declaration(body: dict[str, Any], param: str
     {"tools": [_tool("x")], "tool_choice": "none"},
 ])
 def test_it_accepts_satisfiable_declarations(body: dict[str, Any]) -> None:
-    assert tool_declaration_problem(body) is None
+    assert tool_declaration_problem(RequestSpec.from_openai(body)) is None

@@ -1,0 +1,299 @@
+"""The journal writer: a thread per proxy process that moves journal records into the database.
+
+Every ``JOURNAL_BATCH_SECONDS`` it fsyncs this process's journal (at most every
+``JOURNAL_FSYNC_SECONDS``), reads the records appended since the last batch, and writes them in one
+transaction (``audit.services.journal_batch_write``: bulk inserts, idempotent), with a client-side
+deadline of ``DB_CALL_TIMEOUT_SECONDS`` (``proxy.dbcall.bounded``). While the database is down,
+slow or frozen the records stay in the journal, which keeps growing up to its bound; the writer
+backs off and tries again, and drains the backlog when the database is back. Every state change is
+one log line; ``status()`` feeds ``/readyz``, the metrics and the admin banner.
+
+At start and every ``JOURNAL_ORPHAN_SCAN_SECONDS`` it drains the journal files of dead processes
+(those whose lock it can take), marks their requests that started and never ended
+``interrupted``, and deletes the files. Requests left ``pending`` past any possible deadline (a
+journal lost with its machine) are marked ``interrupted`` too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+from django.db.utils import DataError, IntegrityError, OperationalError
+from django.utils import timezone
+
+from audit import services
+from audit.journal import SUFFIX, Journal, Line, lock_orphan, read_lines, read_offset
+from proxy.dbcall import bounded
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_journal: Journal | None = None
+_writer: JournalWriter | None = None
+
+
+def journal() -> Journal:
+    """This process's journal (created, with its writer thread, on first use)."""
+    global _journal, _writer
+    if _journal is not None:
+        return _journal
+    with _lock:
+        if _journal is None:
+            directory = Path(settings.JOURNAL_DIR)
+            _journal = Journal(directory, max_bytes=settings.JOURNAL_MAX_BYTES)
+            _writer = JournalWriter(_journal, directory)
+            _writer.start()
+            atexit.register(shutdown)
+    return _journal
+
+
+def writer() -> JournalWriter | None:
+    """The running writer, if any record was journaled in this process."""
+    return _writer
+
+
+def drained(timeout: float = 10.0) -> bool:
+    """Block until this process's journal is in the database (tests); True at once when nothing was journaled."""
+    return _writer is None or _writer.wait_drained(timeout)
+
+
+def shutdown(timeout: float = 5.0) -> None:
+    """Drain what the database will take within ``timeout`` s, fsync and release the journal (exit, SIGTERM)."""
+    if _writer is not None:
+        _writer.stop(timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The writer's view: ``database`` ``ok`` / ``down`` / ``unknown``, the backlog in bytes, the last error."""
+
+    database: str
+    backlog: int
+    error: str = ""
+    dropped: int = 0
+
+
+class JournalWriter(threading.Thread):
+    """Drains ``journal`` (and orphaned journals in ``directory``) into the database."""
+
+    def __init__(self, journal: Journal, directory: Path) -> None:
+        super().__init__(name="toolrelay-journal-writer", daemon=True)
+        self.journal = journal
+        self.directory = directory
+        self.database = "unknown"
+        self.error = ""
+        self._position = 0  # the next byte of our journal to read
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._release = threading.Event()
+        self._released = threading.Event()
+        self._last_fsync = 0.0
+        self._next_scan = 0.0
+        self._retry_at = 0.0
+        self._last_ok = -1e9  # ping at the first idle cycle
+
+    # ----- control -----
+
+    def status(self) -> Status:
+        """The writer's state now (cheap; safe from any thread)."""
+        return Status(self.database, self.journal.backlog, self.error, sum(self.journal.dropped.values()))
+
+    def kick(self) -> None:
+        """Drain now instead of at the next interval (tests, shutdown)."""
+        self._wake.set()
+
+    def wait_drained(self, timeout: float = 10.0) -> bool:
+        """Block until the database has every record appended so far (tests); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.journal.backlog == 0:
+                return True
+            self.kick()
+            time.sleep(0.01)
+        return self.journal.backlog == 0
+
+    def release_connection(self, timeout: float = 5.0) -> bool:
+        """Have the writer close its database connection now (tests, before the test database is dropped);
+        it reconnects when it next needs one. False when the writer did not answer in time."""
+        self._released.clear()
+        self._release.set()
+        self._wake.set()
+        return self._released.wait(timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Final drain (bounded), fsync, release the file."""
+        self._stopping.set()
+        self._wake.set()
+        self._stopped.wait(timeout)
+        with contextlib.suppress(OSError):
+            self.journal.fsync()
+        self.journal.close()
+
+    # ----- the loop -----
+
+    def run(self) -> None:
+        try:
+            self._cycle()  # at once: orphans of dead processes, and the database's state
+            while not self._stopping.is_set():
+                self._wake.wait(settings.JOURNAL_BATCH_SECONDS)
+                self._wake.clear()
+                self._cycle()
+                if self._release.is_set():
+                    connections.close_all()
+                    self._release.clear()
+                    self._released.set()
+            self._retry_at = 0.0
+            self._cycle()  # the final drain on shutdown
+        finally:
+            with contextlib.suppress(Exception):
+                connections.close_all()
+            self._stopped.set()
+
+    def _cycle(self) -> None:
+        now = time.monotonic()
+        if now - self._last_fsync >= settings.JOURNAL_FSYNC_SECONDS and self.journal.size:
+            with contextlib.suppress(OSError):
+                self.journal.fsync()
+            self._last_fsync = now
+        if now < self._retry_at:
+            return
+        try:
+            if not self._drain_own() and now - self._last_ok >= settings.JOURNAL_PING_SECONDS:
+                self._call(_ping)
+            if now >= self._next_scan:
+                self._next_scan = now + settings.JOURNAL_ORPHAN_SCAN_SECONDS
+                self._scan_orphans()
+        except Exception as exc:  # noqa: BLE001 - the writer must outlive any database trouble
+            self._failed(exc)
+        else:
+            self._ok()
+
+    def _drain_own(self) -> bool:
+        """Write what our journal holds; True when there was anything."""
+        wrote = False
+        while True:
+            lines = list(read_lines(self.journal.path, self._position))
+            if not lines:
+                return wrote
+            wrote = True
+            self._write(lines, self.journal.path.name)
+            self._position = lines[-1].end
+            self.journal.mark_drained(self._position)
+            if self.journal.size == 0:
+                self._position = 0
+            self._gauge()
+
+    def _write(self, lines: list[Line], name: str) -> None:
+        """One batch into the database; a record the database refuses for good is skipped and counted."""
+        batch = services.Batch.of(line.record for line in lines)
+        try:
+            skipped = self._call(lambda: services.journal_batch_write(batch))
+        except (IntegrityError, DataError) as exc:
+            if len(lines) == 1:
+                logger.error("journal %s: a record was refused by the database and is skipped: %s", name, exc)
+                self.journal.dropped["refused"] = self.journal.dropped.get("refused", 0) + 1
+                return
+            middle = len(lines) // 2
+            self._write(lines[:middle], name)
+            self._write(lines[middle:], name)
+            return
+        if skipped:
+            logger.warning("journal %s: %d attempt record(s) of unknown requests skipped", name, skipped)
+
+    def _call(self, fn: Any) -> Any:
+        close_old_connections()
+        return bounded(fn, timeout=settings.DB_CALL_TIMEOUT_SECONDS)
+
+    # ----- orphans: journals of dead processes -----
+
+    def _scan_orphans(self) -> None:
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            if path == self.journal.path:
+                continue
+            fd = lock_orphan(path)
+            if fd is not None:
+                try:
+                    self._drain_orphan(path)
+                finally:
+                    os.close(fd)
+        self._call(self._sweep_stale_pending)
+
+    def _drain_orphan(self, path: Path) -> None:
+        started: set[str] = set()
+        ended: set[str] = set()
+        position = read_offset(path)
+        for lines in _chunks(path, 0):  # every record, for the start/end bookkeeping
+            for line in lines:
+                kind, rid = line.record.get("t"), line.record.get("id")
+                if kind == "start" and isinstance(rid, str):
+                    started.add(rid)
+                elif kind == "finish" and isinstance(rid, str):
+                    ended.add(rid)
+            todo = [line for line in lines if line.end > position]
+            if todo:
+                self._write(todo, path.name)
+        interrupted = self._call(lambda: services.requests_interrupt(ids=started - ended))
+        logger.info("journal %s of a stopped process drained; %d request(s) interrupted", path.name, interrupted)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".offset").unlink(missing_ok=True)
+
+    @staticmethod
+    def _sweep_stale_pending() -> int:
+        from audit.models import ProxyRequest
+
+        horizon = timezone.now() - timedelta(seconds=settings.REQUEST_DEADLINE_SECONDS + 600)
+        stale = ProxyRequest.objects.filter(outcome=ProxyRequest.Outcome.PENDING, created__lt=horizon)
+        return stale.update(outcome=ProxyRequest.Outcome.INTERRUPTED, finished=timezone.now(),
+                            error="no proxy process finished this request within its deadline")
+
+    # ----- state -----
+
+    def _failed(self, exc: Exception) -> None:
+        message = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        if self.database != "down":
+            logger.warning("audit journal: the database is not taking records (%s); keeping them in %s "
+                           "(backlog %d bytes)", message, self.journal.path, self.journal.backlog)
+        self.database, self.error = "down", message
+        backoff = 0.5 if isinstance(exc, OperationalError) else 2.0
+        self._retry_at = time.monotonic() + backoff
+        self._gauge()
+
+    def _ok(self) -> None:
+        self._last_ok = time.monotonic()
+        if self.database == "down":
+            logger.warning("audit journal: the database takes records again; backlog %d bytes", self.journal.backlog)
+        self.database, self.error = "ok", ""
+        self._gauge()
+
+    def _gauge(self) -> None:
+        from proxy import metrics
+
+        metrics.JOURNAL_BACKLOG.set(self.journal.backlog)
+        metrics.DATABASE_UP.set(1 if self.database == "ok" else 0)
+
+
+def _ping() -> None:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _chunks(path: Path, offset: int) -> Any:
+    """``read_lines`` in bounded chunks until the end of ``path``."""
+    while True:
+        lines = list(read_lines(path, offset))
+        if not lines:
+            return
+        yield lines
+        offset = lines[-1].end

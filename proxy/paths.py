@@ -1,0 +1,282 @@
+"""The three request paths, as small strategies the relay's one attempt loop drives.
+
+Each path's ``attempt(number, target)`` makes one upstream call and either delivers the answer to
+the client (``Attempted.delivered``) or returns the decision that says why not; the relay decides
+whether to retry and, when the attempts run out, hands ``proxy.guard.answer.answer_for``'s verdict
+to ``give_up``.
+
+- ``PassThrough`` (OpenAI Chat, streaming, no ``tools``): upstream bytes forwarded as they arrive,
+  unchanged; usage read from a small tail buffer afterwards, never delaying a byte.
+- ``Guarded`` (streaming, ``tools`` or a translated protocol): frames through ``AttemptGuard``; text
+  released per ``Delivery``; tool calls held until valid; a provably broken attempt aborted early;
+  the response committed at the first thing the client must see or at the commit deadline.
+- ``NonStream``: nothing is sent until the answer is ready (checked unless it is a tool-less OpenAI
+  Chat answer, which goes back unchanged with the upstream's content type).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from proxy import metrics
+from proxy.attempts import usage_tokens
+from proxy.guard.answer import Answer, AnswerKind, RequestOutcome, exhaustion_message
+from proxy.guard.attempt import AttemptGuard, decide_completion
+from proxy.guard.delivery import Delivery
+from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
+from proxy.guard.policy import FragmentStorage
+from proxy.guard.turn import Decision, Outcome
+from proxy.upstream import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
+from tenants.auth import UpstreamTarget
+
+if TYPE_CHECKING:
+    from proxy.relay import Relay
+
+#: Bytes of the pass-through stream's end kept to read the usage chunk from.
+TAIL_BYTES = 8192
+#: Non-stream upstream bodies larger than this are refused as an upstream failure.
+NON_STREAM_CAP = 32 * 1024 * 1024
+_NO_DECISION = Decision(Outcome.RETRY, None, reason="no decision")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempted:
+    """One attempt's result: ``delivered`` with the request ``outcome`` (and ``error``, the audit's text
+    for a stream that broke off after the commit), or the ``decision`` against it."""
+
+    decision: Decision
+    delivered: bool = False
+    outcome: RequestOutcome = RequestOutcome.UPSTREAM_ERROR
+    error: str = ""
+
+
+class _Path(abc.ABC):
+    """What every path shares: the relay's request, response, client and audit log."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.call = relay.call
+        self.request = relay.call.request
+        self.response = relay.response
+        self.log = relay.log
+        self.client = relay.client
+
+    def open(self, target: UpstreamTarget, *, ask_usage: bool = False) -> Any:
+        """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``), its
+        deadlines shortened to what the request deadline and the retry budget leave."""
+        first_byte, idle = self.relay.timeouts(target)
+        return self.client.open(target, self.request, ask_usage=ask_usage, first_byte=first_byte, idle=idle,
+                                max_output_tokens=self.call.plan.max_output_tokens)
+
+    async def interrupted(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        """The attempt under way was cut by the request deadline (``exc``): record it like a timeout."""
+        return await self._broke(target, started, exc)
+
+    async def attempt(self, number: int, target: UpstreamTarget) -> Attempted:
+        """One upstream call; transport failures become their decision."""
+        started = time.monotonic()
+        try:
+            return await self._call(number, target, started)
+        except (UpstreamTimeout, UpstreamUnavailable) as exc:
+            return await self._broke(target, started, exc)
+
+    @abc.abstractmethod
+    async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
+        """The path's upstream call ``number`` (0-based) to ``target``, started at ``started`` (monotonic)."""
+
+    async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        return Attempted(self.log.transport_failure(target, started, exc))
+
+    def separator(self) -> str:
+        """What sets the exhaustion answer apart from text the client already has."""
+        return ""
+
+    async def give_up(self, answer: Answer) -> None:
+        """Render ``answer`` (``answer_for``) in the client's protocol."""
+        response, emitter = self.response, self.call.emitter
+        error = answer.error
+        if answer.kind is AnswerKind.HTTP_ERROR and error is not None:
+            await response.error(error.status, error.message, type=error.type, code=error.code,
+                                 should_retry=answer.retryable, retry_after=error.retry_after)
+        elif answer.kind is AnswerKind.STREAM_ERROR and error is not None:
+            await response.end(emitter.close_error(error))
+        else:
+            message = exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
+                                         guarded=self.request.guarded, request_id=str(response.request_id))
+            if self.request.stream:
+                await response.end(emitter.close_exhausted(self.separator() + message))
+            else:
+                await response.send_json(200, emitter.complete_exhausted(message))
+
+
+class PassThrough(_Path):
+    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged."""
+
+    async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
+        async with self.open(target) as upstream:
+            self.log.refusals(target, upstream)
+            if upstream.status != 200:
+                return Attempted(await self.log.http_failure(target, started, upstream))
+            content_type = upstream.headers.get("content-type", "text/event-stream").encode()
+            await self.response.start(200, [(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                                            (b"x-accel-buffering", b"no")])
+            size, tail = await self._forward(upstream)
+            await self.response.end()
+        prompt, completion = usage_tokens(usage_from_tail(tail))
+        self.log.add(target, "clean", started, upstream_status=200, bytes_received=size,
+                     prompt_tokens=prompt, completion_tokens=completion)
+        return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)
+
+    async def _forward(self, upstream: UpstreamResponse) -> tuple[int, bytes]:
+        """Forward every chunk; return the bytes received and the stream's last ``TAIL_BYTES``."""
+        # The last chunks covering TAIL_BYTES, joined once at the end (not an 8 KB copy per chunk).
+        recent: deque[bytes] = deque()
+        kept, size, send = 0, 0, self.response.send
+        async for chunk in upstream.chunks():
+            await send(chunk)
+            size += len(chunk)
+            recent.append(chunk)
+            kept += len(chunk)
+            while kept - len(recent[0]) >= TAIL_BYTES:
+                kept -= len(recent.popleft())
+        return size, b"".join(recent)[-TAIL_BYTES:]
+
+    async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        """The upstream failed after bytes were forwarded: nothing can be retried, so end the stream with
+        the protocol's in-stream error (PROTOCOLS.md 1.6), never a silently truncated success. The
+        leading blank lines end any event the upstream left half-sent."""
+        if not self.response.committed:
+            return await super()._broke(target, started, exc)
+        decision = self.log.transport_failure(target, started, exc, upstream_status=200)
+        if not self.response.ended and decision.error is not None:
+            message = f"the upstream stream broke off: {exc} (request id: {self.response.request_id})"
+            error = dataclasses.replace(decision.error, message=message)
+            await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=str(exc))
+
+
+class Guarded(_Path):
+    """Streaming through the guard: live text, held tool calls, early abort, one canonical stream."""
+
+    def __init__(self, relay: Relay) -> None:
+        super().__init__(relay)
+        self.policy = relay.call.plan.policy
+        self.delivery = Delivery(stream_text=self.policy.stream_text)
+
+    def separator(self) -> str:
+        return self.delivery.exhaustion_separator()
+
+    async def attempt(self, number: int, target: UpstreamTarget) -> Attempted:
+        self.delivery.begin()
+        return await super().attempt(number, target)
+
+    async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
+        keep_body = self.policy.fragments == FragmentStorage.ATTEMPT
+        parts: list[bytes] = []
+        size, ttfb, abort = 0, None, None
+        async with self.open(target, ask_usage=True) as upstream:
+            self.log.refusals(target, upstream)
+            if upstream.status != 200:
+                return Attempted(await self.log.http_failure(target, started, upstream))
+            spec = dataclasses.replace(self.request.spec, usage_requested=upstream.asked_usage)
+            guard = AttemptGuard(spec, self.policy)
+            async for chunk in upstream.chunks():
+                if ttfb is None:
+                    ttfb = (time.monotonic() - started) * 1000
+                    metrics.UPSTREAM_TTFB.observe(ttfb / 1000)
+                size += len(chunk)
+                if keep_body and size <= settings.AUDIT_BODY_CAP:
+                    parts.append(chunk)
+                abort = await self._handle(guard.feed(chunk)) or abort
+                if abort is not None and self.policy.early_abort:
+                    break
+        final = guard.finish()
+        await self._handle([e for e in final if not isinstance(e, Done)])
+        done = next((e for e in final if isinstance(e, Done)), None)
+        decision = _NO_DECISION if done is None else self.log.scrub(done.decision)
+        prompt, completion = usage_tokens(decision.turn.usage if decision.turn is not None else None)
+        self.log.add(target, decision.outcome.value, started, upstream_status=200, ttfb_ms=ttfb,
+                     abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable
+                                                                                   else decision.reason),
+                     findings=decision.findings, prompt_tokens=prompt, completion_tokens=completion,
+                     bytes_received=size, frames=guard.frames, body=b"".join(parts))
+        if not decision.usable or decision.turn is None:
+            return Attempted(decision)
+        for delta in self.delivery.settle(decision.turn):
+            await self._text(delta)
+        await self.response.end(self.call.emitter.close(decision.turn))
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+
+    async def _handle(self, events: list[Any]) -> Abort | None:
+        """Act on guard events: release or hold text, commit on a valid tool call; return an Abort if any."""
+        abort = None
+        for event in events:
+            if isinstance(event, TextDelta):
+                if self.delivery.offer(event) is not None:
+                    await self._text(event)
+            elif isinstance(event, ToolCallValid):
+                await self.response.commit_stream()
+            elif isinstance(event, Abort):
+                abort = abort or event
+        return abort
+
+    async def _text(self, delta: TextDelta) -> None:
+        await self.response.stream(self.call.emitter.text(delta.choice, delta.channel, delta.text))
+
+
+class NonStream(_Path):
+    """A non-stream request: one JSON answer when it is ready."""
+
+    async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
+        async with self.open(target) as upstream:
+            self.log.refusals(target, upstream)
+            if upstream.status != 200:
+                return Attempted(await self.log.http_failure(target, started, upstream))
+            body = await upstream.read_capped(NON_STREAM_CAP)
+            content_type = upstream.headers.get("content-type", "application/json")
+        if self.call.forwards_raw:
+            return await self._forward(target, started, body, content_type)
+        decision = self.log.scrub(decide_completion(body, self.request.spec, self.call.plan.policy))
+        prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
+        self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
+                     abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,
+                     completion_tokens=completion, bytes_received=len(body), body=body)
+        if not decision.usable or decision.turn is None:
+            return Attempted(decision)
+        await self.response.send_json(200, self.call.emitter.complete(decision.turn))
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+
+    async def _forward(self, target: UpstreamTarget, started: float, body: bytes, content_type: str) -> Attempted:
+        """A tool-less OpenAI Chat answer goes back unchanged, with the upstream's content type."""
+        try:
+            usage = json.loads(body).get("usage")
+        except (ValueError, AttributeError):
+            usage = None
+        prompt, completion = usage_tokens(usage)
+        self.log.add(target, "clean", started, upstream_status=200, prompt_tokens=prompt,
+                     completion_tokens=completion, bytes_received=len(body))
+        await self.response.start(200, [(b"content-type", content_type.encode("latin-1"))])
+        await self.response.end(body)
+        return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)
+
+
+def usage_from_tail(tail: bytes) -> dict[str, Any] | None:
+    """The last ``usage`` object found in the data lines of an SSE tail, else None."""
+    for line in reversed(tail.split(b"\n")):
+        if b'"usage"' not in line or not line.startswith(b"data:"):
+            continue
+        try:
+            usage = json.loads(line[5:]).get("usage")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(usage, dict):
+            return usage
+    return None

@@ -1,0 +1,135 @@
+"""The admin site: login with an optional second factor, optional single sign-on, read-only login trail.
+
+- Passwords go through ``authenticate`` with django-axes first in ``AUTHENTICATION_BACKENDS``, so
+  failed logins are counted per account and per address and locked out (``AXES_*`` settings).
+- A staff user with a confirmed django-otp device (TOTP) must enter its code on the login page;
+  with ``ADMIN_OTP_REQUIRED_FOR_SUPERUSERS`` a superuser without a device cannot log in. A wrong
+  code counts as a failed login for axes. Sessions opened through single sign-on (OIDC) count as
+  verified: the identity provider does the second factor.
+- When OIDC is configured (``OIDC_ENABLED``), the login page offers it.
+- axes' login records (successes, failures, lockouts) are shown read-only to superusers.
+
+The site replaces Django's default one (``tenants.apps.ToolrelayAdminConfig``), so every
+``@admin.register`` uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+from django import forms
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import BACKEND_SESSION_KEY, user_login_failed
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django_otp import devices_for_user, user_has_device
+from django_otp.forms import OTPAuthenticationFormMixin
+from django_otp.models import Device
+
+#: The session's auth backend when the login came through single sign-on.
+OIDC_BACKEND = "mozilla_django_oidc.auth.OIDCAuthenticationBackend"
+
+
+def otp_required(user: Any) -> bool:
+    """Must ``user`` present a second factor (has a device, or is a superuser and policy says so)?"""
+    return bool(user_has_device(user) or (user.is_superuser and settings.ADMIN_OTP_REQUIRED_FOR_SUPERUSERS))
+
+
+class LoginForm(AdminAuthenticationForm, OTPAuthenticationFormMixin):  # type: ignore[misc]
+    """Username, password and, for users with a device, the one-time code (django-otp verifies it)."""
+
+    #: Offered (filled by django-otp) only when the user has several devices.
+    otp_device = forms.CharField(required=False, widget=forms.Select, label="Device")
+    otp_token = forms.CharField(
+        required=False, label="Authentication code", max_length=16,
+        widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric"}),
+        help_text="The code from your authenticator app, if you have set up a second factor.")
+
+    def _chosen_device(self, user: Any) -> Device | None:
+        """The chosen device, or the user's only one (django-otp asks for an explicit choice)."""
+        chosen: Device | None = super()._chosen_device(user)
+        if chosen is None:
+            devices = list(devices_for_user(user, confirmed=True))
+            chosen = devices[0] if len(devices) == 1 else None
+        return chosen
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean()
+        user: Any = self.get_user()
+        if user is None:
+            return data
+        if user_has_device(user):
+            try:
+                self.clean_otp(user)
+            except ValidationError:
+                # A wrong code is a failed login: axes counts it against the account and the address.
+                user_login_failed.send(sender=type(self), credentials={"username": user.get_username()},
+                                       request=self.request)
+                raise
+        elif otp_required(user):
+            raise ValidationError("A second factor is required for superusers: ask another superuser to add a "
+                                  "TOTP device for you (Django OTP › TOTP devices).", code="otp_required")
+        return data
+
+
+class ToolrelayAdminSite(admin.AdminSite):
+    """The admin, with ``LoginForm`` and the second-factor rule on every page."""
+
+    site_header = "toolrelay"
+    site_title = "toolrelay admin"
+    login_form = LoginForm
+    login_template = "admin/toolrelay_login.html"
+
+    def has_permission(self, request: HttpRequest) -> bool:
+        if not super().has_permission(request):
+            return False
+        user: Any = request.user
+        if request.session.get(BACKEND_SESSION_KEY) == OIDC_BACKEND or not otp_required(user):
+            return True
+        return bool(getattr(user, "is_verified", lambda: False)())
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context = {"oidc_enabled": settings.OIDC_ENABLED, **(extra_context or {})}
+        return super().login(request, extra_context=context)
+
+
+class _ReadOnly:
+    """Records are evidence: nobody edits them in the admin (axes' lockouts can still be deleted,
+    which is how a superuser unlocks an account)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class LoginAttemptAdmin(_ReadOnly, AccessAttemptAdmin):  # type: ignore[misc]
+    """Current failure counters and lockouts (delete one to unlock)."""
+
+
+class LoginLogAdmin(_ReadOnly, AccessLogAdmin):  # type: ignore[misc]
+    """Successful logins and logouts."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class LoginFailureLogAdmin(_ReadOnly, AccessFailureLogAdmin):  # type: ignore[misc]
+    """Every failed login, with address, user agent and whether it was locked out."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def register_login_trail(site: admin.AdminSite) -> None:
+    """Show axes' records read-only on ``site`` (replacing axes' own, editable registrations)."""
+    for model, model_admin in ((AccessAttempt, LoginAttemptAdmin), (AccessLog, LoginLogAdmin),
+                               (AccessFailureLog, LoginFailureLogAdmin)):
+        if site.is_registered(model):
+            site.unregister(model)
+        site.register(model, model_admin)

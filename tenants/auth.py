@@ -1,0 +1,358 @@
+"""The auth door of the proxy path: an API key -> a ``Principal``, in one call (STYLE.md rule 6).
+
+``authorize(raw)`` looks the key up (by prefix, compared in constant time), checks it and its
+tenant, and caches the answer for ``AUTH_CACHE_SECONDS``; refused keys are cached too. A cached key
+costs no database round trip and no thread hop: the lookup runs on the event loop, and once an
+entry has lived half its lifetime the next caller schedules a refresh in the background (refresh
+ahead), so a key in steady use never waits for the database while no entry is served past its
+expiry (the bound on how long a revoked key keeps working is unchanged).
+
+A ``Principal`` is frozen and ORM-free: tenant, key, routes with their guard policies and upstream
+targets (credentials still encrypted), so nothing on the event loop touches a model instance.
+
+Serving without the database: lookups run in auth threads of their own with a client-side deadline;
+when the database is down, slow or frozen a key is served from its last good answer
+(``tenants.last_good``: shared through Redis or a local file, at most ``AUTH_STALE_SECONDS`` old);
+a key with no such answer gets ``AuthUnavailable`` (the consumer answers 503 with ``Retry-After``),
+never a 401 or a guess. A refused key is cached as refused and forgotten by the last-good store, so
+the stale window never extends a revoked key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fnmatch
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connections
+from django.db.utils import Error as DatabaseError
+
+from proxy.background import schedule
+from proxy.dbcall import bounded
+from proxy.guard.policy import GuardPolicy
+from tenants import last_good
+from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream
+
+logger = logging.getLogger(__name__)
+
+
+class KeyRefused(Exception):
+    """The key cannot be used: ``reason`` is ``invalid`` (unknown, malformed, wrong secret, revoked,
+    expired) or ``disabled`` (its tenant is disabled)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTarget:
+    """Where one attempt goes: the upstream (credential still encrypted) and the upstream model name.
+
+    Timeouts in seconds.
+    """
+
+    upstream_id: int
+    name: str
+    base_url: str
+    model: str
+    credential_encrypted: str = field(repr=False)
+    extra_headers_encrypted: str = field(repr=False)
+    connect_timeout: float
+    first_byte_timeout: float
+    idle_timeout: float
+    request_deadline: float | None = None  # the upstream's own bound on a whole request
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """A resolved model: ``targets[0]`` serves attempt 0, ``targets[k]`` retry k (the last repeats).
+
+    ``deadline``: seconds a whole request may take, the smallest of ``REQUEST_DEADLINE_SECONDS``, the
+    route's and every target upstream's own (tenant values can only shorten the server's).
+    """
+
+    public_model: str
+    route_id: int | None
+    targets: tuple[UpstreamTarget, ...]
+    max_output_tokens: int | None
+    policy: GuardPolicy
+    deadline: float = 600.0
+
+    def target(self, attempt: int) -> UpstreamTarget:
+        """The target for 0-based ``attempt``: the primary, then fallbacks in order, then the last one again."""
+        return self.targets[min(attempt, len(self.targets) - 1)]
+
+    def attempts(self) -> Iterator[tuple[int, UpstreamTarget]]:
+        """``(attempt, target)`` for the first attempt and every retry the policy allows, in order."""
+        for attempt in range(1 + self.policy.max_retries):
+            yield attempt, self.target(attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A tenant's model route: ``targets`` are (upstream, upstream model or '' for the requested name),
+    enabled upstreams only, primary first."""
+
+    route_id: int
+    public_name: str
+    is_glob: bool
+    targets: tuple[tuple[UpstreamTarget, str], ...]
+    max_output_tokens: int | None
+    policy: GuardPolicy
+    request_deadline: float | None = None
+
+    def matches(self, model: str) -> bool:
+        """True when ``model`` is this route's name or matches its glob."""
+        return fnmatch.fnmatchcase(model, self.public_name) if self.is_glob else model == self.public_name
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authorized API key: what a request needs of its tenant, without the database."""
+
+    tenant_id: int
+    slug: str
+    active: bool
+    api_key_id: int
+    routes: tuple[Route, ...]
+    default_target: UpstreamTarget | None  # the tenant's default upstream (enabled), model name unset
+    policy: GuardPolicy  # the tenant's own policy (routes carry theirs)
+
+    def resolve(self, model: str) -> RoutePlan | None:
+        """The plan for ``model``: an exact route, else the most specific matching glob (longest
+        pattern), else the tenant's default upstream with the name unchanged, else None."""
+        exact = [r for r in self.routes if not r.is_glob and r.public_name == model]
+        globs = sorted((r for r in self.routes if r.is_glob and r.matches(model)), key=lambda r: -len(r.public_name))
+        matches = exact or globs
+        if matches:
+            route = matches[0]
+            if not route.targets:
+                return None
+            targets = tuple(dataclasses.replace(t, model=m or model) for t, m in route.targets)
+            return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy,
+                             _deadline(route.request_deadline, targets))
+        if self.default_target is not None:
+            targets = (dataclasses.replace(self.default_target, model=model),)
+            return RoutePlan(model, None, targets, None, self.policy, _deadline(None, targets))
+        return None
+
+    def model_names(self) -> list[str]:
+        """Public model names this tenant routes by exact name (a glob such as ``claude-*`` is no model id;
+        names served only by the default upstream are not known here)."""
+        return sorted(r.public_name for r in self.routes if not r.is_glob)
+
+
+def _deadline(route: float | None, targets: tuple[UpstreamTarget, ...]) -> float:
+    """The effective request deadline in seconds (see ``RoutePlan``)."""
+    own = [d for d in (route, *(t.request_deadline for t in targets)) if d]
+    return min([float(settings.REQUEST_DEADLINE_SECONDS), *own])
+
+
+def _target(upstream: Upstream) -> UpstreamTarget:
+    return UpstreamTarget(
+        upstream_id=upstream.pk, name=upstream.name, base_url=upstream.base_url.rstrip("/"), model="",
+        credential_encrypted=upstream.credential_encrypted,
+        extra_headers_encrypted=upstream.extra_headers_encrypted,
+        connect_timeout=upstream.connect_timeout, first_byte_timeout=upstream.first_byte_timeout,
+        idle_timeout=upstream.idle_timeout, request_deadline=upstream.request_deadline,
+    )
+
+
+def _principal(key: ApiKey) -> Principal:
+    """Read everything a request needs of ``key``'s tenant (in a database thread)."""
+    tenant = key.tenant
+    routes = []
+    for route in ModelRoute.objects.filter(tenant=tenant).select_related("upstream").prefetch_related(
+            "fallbacks__upstream"):
+        if route.upstream.tenant_id != tenant.pk:  # never another tenant's upstream (and credential)
+            continue
+        pairs = ((route.upstream, route.upstream_model),
+                 *((fb.upstream, fb.model or route.upstream_model) for fb in route.fallbacks.all()
+                   if fb.upstream.tenant_id == tenant.pk))
+        targets = tuple((_target(up), model) for up, model in pairs if up.enabled)
+        routes.append(Route(route.pk, route.public_name, route.is_glob, targets, route.max_output_tokens,
+                            tenant.policy(route.policy_overrides()), route.request_deadline))
+    default = tenant.default_upstream if tenant.default_upstream_id else None
+    usable = default is not None and default.tenant_id == tenant.pk and default.enabled
+    return Principal(tenant.pk, tenant.slug, tenant.active, key.pk, tuple(routes),
+                     _target(default) if usable and default is not None else None, tenant.policy())
+
+
+def parse_api_key(raw: str) -> str | None:
+    """The prefix of a well-formed ``tr-<prefix>-<secret>`` key, else None."""
+    parts = raw.split("-", 2)
+    if len(parts) != 3 or parts[0] != API_KEY_PREFIX or not parts[1] or not parts[2]:
+        return None
+    return parts[1]
+
+
+def api_key_authenticate(raw: str) -> ApiKey | None:
+    """The usable ApiKey for ``raw`` (looked up by prefix, compared in constant time), else None.
+
+    Wrong secret, revoked and expired keys all give None.
+    """
+    prefix = parse_api_key(raw)
+    if prefix is None:
+        return None
+    key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    if key is None or not key.matches(raw) or not key.is_usable():
+        return None
+    return key
+
+
+class _KeyCache:
+    """A tiny TTL cache of principals keyed by the key's digest (the raw key is never kept).
+
+    ``get`` answers hits; ``claim_refresh`` tells one caller when a live entry is past half its
+    lifetime; ``put`` stores an answer (None = refused) for ``AUTH_CACHE_SECONDS``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._refreshing: set[str] = set()
+
+    def get(self, digest: str) -> tuple[bool, Principal | None]:
+        with self._lock:
+            hit = self._entries.get(digest)
+        if hit is None or hit[0] < time.monotonic():
+            return False, None
+        return True, hit[1]
+
+    def claim_refresh(self, digest: str) -> bool:
+        """True, for one caller, when ``digest``'s live entry is past half its lifetime."""
+        with self._lock:
+            hit = self._entries.get(digest)
+            remaining = hit[0] - time.monotonic() if hit is not None else 0.0
+            if not 0 < remaining <= settings.AUTH_CACHE_SECONDS / 2 or digest in self._refreshing:
+                return False
+            self._refreshing.add(digest)
+            return True
+
+    def put(self, digest: str, principal: Principal | None) -> None:
+        expires = time.monotonic() + settings.AUTH_CACHE_SECONDS
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[digest] = (expires, principal)
+
+    def release(self, digest: str) -> None:
+        """A refresh of ``digest`` ended (renewed or failed): the next one may be claimed."""
+        with self._lock:
+            self._refreshing.discard(digest)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._refreshing.clear()
+
+
+key_cache = _KeyCache()
+
+
+def principal_for_key(raw: str, *, refresh: bool = False) -> Principal | None:
+    """Authenticate ``raw`` against the database and cache the answer (sync: a database thread).
+
+    Returns the principal, or None for a key that cannot be used (its tenant may be disabled: see
+    ``Principal.active``). ``refresh=True`` reads the database even when cached (refresh ahead).
+    """
+    if parse_api_key(raw) is None:
+        return None
+    digest = ApiKey.compute_digest(raw)
+    if not refresh:
+        found, principal = key_cache.get(digest)
+        if found:
+            return principal
+    try:
+        key = api_key_authenticate(raw)
+        principal = _principal(key) if key is not None else None
+        if key is not None:
+            from tenants.services import api_key_touch
+
+            api_key_touch(key=key)
+        key_cache.put(digest, principal)
+    finally:
+        if refresh:
+            key_cache.release(digest)
+    return principal
+
+
+class AuthUnavailable(Exception):
+    """The key is not known and the database cannot be asked now: answer 503 with ``Retry-After``."""
+
+
+#: Auth lookups run here, never in Channels' single database thread (shared with every other ORM call
+#: of the process) and never on the event loop; each call is bounded (``proxy.dbcall.bounded``).
+_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolrelay-auth")
+
+
+def _lookup(raw: str, refresh: bool) -> Principal | None:
+    """A database lookup from an auth thread; the answer becomes the key's last good one (or forgets it).
+
+    The thread's connection is closed afterwards: lookups are rare (one per key per cache lifetime) and
+    an idle connection per auth thread would outlive every use of it.
+    """
+    try:
+        principal = bounded(lambda: principal_for_key(raw, refresh=refresh), timeout=settings.DB_CALL_TIMEOUT_SECONDS)
+    finally:
+        connections.close_all()
+    last_good.remember(ApiKey.compute_digest(raw), principal)
+    return principal
+
+
+async def _ask(raw: str, *, refresh: bool = False) -> Principal | None:
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(_LOOKUPS, _lookup, raw, refresh)
+    return await asyncio.wait_for(future, timeout=settings.DB_CALL_TIMEOUT_SECONDS + 1)
+
+
+async def _refresh(raw: str) -> None:
+    try:
+        await _ask(raw, refresh=True)
+    except Exception as exc:  # noqa: BLE001 - the cached answer stays until it expires; then the last good one
+        logger.warning("API key refresh failed: %s", exc)
+        key_cache.release(ApiKey.compute_digest(raw))
+
+
+async def _looked_up(raw: str, digest: str) -> Principal | None:
+    """The database's answer, else (database down, slow or frozen) the key's last good principal."""
+    try:
+        return await _ask(raw)
+    except (DatabaseError, TimeoutError) as exc:
+        stale: Principal | None = await asyncio.get_running_loop().run_in_executor(None, last_good.recall, digest)
+        if stale is None:
+            raise AuthUnavailable(str(exc)) from None
+        logger.warning("database unavailable (%s): serving key %s from its last good answer", exc, digest[:8])
+        key_cache.put(digest, stale)
+        return stale
+
+
+async def authorize(raw: str) -> Principal:
+    """The principal of API key ``raw``; ``KeyRefused`` when it cannot be used, ``AuthUnavailable`` when it
+    is not known and the database cannot be asked.
+
+    Safe on the event loop: a cached answer is returned at once (a refresh is scheduled past half its
+    lifetime); a miss asks the database from an auth thread, bounded by ``DB_CALL_TIMEOUT_SECONDS``, and
+    falls back to the key's last good answer within ``AUTH_STALE_SECONDS``.
+    """
+    if parse_api_key(raw) is None:
+        raise KeyRefused("invalid")
+    digest = ApiKey.compute_digest(raw)
+    found, principal = key_cache.get(digest)
+    if not found:
+        principal = await _looked_up(raw, digest)
+    elif key_cache.claim_refresh(digest):
+        schedule(_refresh(raw))
+    if principal is None:
+        raise KeyRefused("invalid")
+    if not principal.active:
+        raise KeyRefused("disabled")
+    return principal
