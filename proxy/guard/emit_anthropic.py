@@ -8,20 +8,21 @@ Canonical means (PROTOCOLS.md section 0 items 2, 5-7, 9-12; 2.2-2.4, 2.7; 5.3):
 - ``message_start`` (with ``message.usage``) -> content blocks -> ``message_delta`` (stop reason,
   ``usage.output_tokens`` always present: the Python SDK requires it, 0.9) -> ``message_stop``;
   never ``[DONE]``;
-- block indexes run 0, 1, 2… in ``content_block_start`` order (the SDK appends on start and looks
-  blocks up by index, 0.11); each start carries the empty payload the SDK builds on (0.10):
-  ``{"type":"thinking","thinking":"","signature":""}``, ``{"type":"text","text":""}``,
-  ``{"type":"tool_use","id","name","input":{}}``;
-- a thinking block ends with a ``signature_delta`` "just before its ``content_block_stop``" (2.3);
-  the signature is derived from the thinking text (``thinking_signature``), so the block Claude
-  Code echoes back (4.3) can be recognised;
+- content blocks come from the state machine ``proxy.guard.anthropic_blocks.ContentBlocks``: one
+  block open at a time, never a delta of one type inside a block of another, indexes 0, 1, 2… in
+  ``content_block_start`` order (0.11), the empty start payloads the SDK builds on (0.10), a
+  ``signature_delta`` just before a thinking block's stop (2.3), and no blank text block before a
+  tool_use (Claude Code renders it; issue 13). The signature is derived from the thinking text
+  (``thinking_signature``), so the block Claude Code echoes back (4.3) can be recognised; the
+  translator carries the echoed text back as ``reasoning_content``;
 - keep-alives are ``event: ping`` with ``data: {"type":"ping"}`` (0.6); a mid-stream failure is
   ``event: error`` with ``{"type":"error","error":{"type","message"}}`` (0.12).
 
 Decisions:
 
 - Text and reasoning stream live into text / thinking blocks; a change of channel closes the open
-  block. Refusal text goes into a text block and makes the stop reason ``refusal`` (2.7).
+  block (whitespace-only text is held, see ``ContentBlocks``). Refusal text goes into a text block
+  and makes the stop reason ``refusal`` (2.7).
 - Tool calls go out at close, after the guard validated them, each as one ``tool_use`` block whose
   ``input_json_delta`` fragments concatenate to the validated arguments. Ids are the turn's,
   restricted to ``[a-zA-Z0-9_-]`` (2.7) and made unique; names shortened by the translator are
@@ -38,23 +39,16 @@ Decisions:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import re
 import secrets
-from collections.abc import Iterator
-from json.encoder import encode_basestring_ascii  # the C escaper json.dumps itself uses for str
 from typing import Any
 
+from proxy.guard.anthropic_blocks import ARGUMENT_SLICE, SIGNATURE_PREFIX, ContentBlocks, thinking_signature
 from proxy.guard.events import Channel
 from proxy.guard.sse import encode_event
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
-#: Argument text is sent in slices of at most this many characters (one ``input_json_delta`` each).
-ARGUMENT_SLICE = 4096
-#: Prefix of the signatures this proxy puts on thinking blocks.
-SIGNATURE_PREFIX = "trly1"
 _ID_BAD = re.compile(r"[^a-zA-Z0-9_-]")
 _PING = encode_event("ping", {"type": "ping"})
 
@@ -82,15 +76,6 @@ def error_body(status: int, message: str, *, param: str | None = None) -> dict[s
     if param and param not in message:
         message = f"{param}: {message}"
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
-
-
-def thinking_signature(thinking: str) -> str:
-    """The signature for a thinking block: ``trly1`` + base64url of the text's SHA-256.
-
-    Opaque to clients (Anthropic's are base64 too); the proxy can tell its own blocks from others.
-    """
-    digest = hashlib.sha256(thinking.encode("utf-8")).digest()
-    return SIGNATURE_PREFIX + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
 
 
 def is_own_signature(thinking: str, signature: str) -> bool:
@@ -124,6 +109,10 @@ class AnthropicMessagesEmitter:
     ``model`` is the model name the client asked for; ``message_id`` defaults to ``msg_`` + 24 hex
     digits; ``input_tokens`` is the estimate sent in ``message_start``; ``tool_names`` maps upstream
     tool names back to the client's (``Translation.tool_names``). Stateful per response, no I/O.
+
+    Message states: new -> started (``message_start`` sent, by ``open()`` or the first other call)
+    -> ended (``message_stop`` or ``error`` sent; every later call returns ``b""``). Content blocks
+    are ``ContentBlocks``' business (``proxy.guard.anthropic_blocks``).
     """
 
     protocol = "anthropic-messages"
@@ -136,10 +125,7 @@ class AnthropicMessagesEmitter:
         self.tool_names = dict(tool_names or {})
         self._started = False
         self._closed = False
-        self._next_index = 0
-        self._open: str | None = None  # "text" | "thinking": the block being streamed
-        self._thinking: list[str] = []  # text of the open thinking block (for its signature)
-        self._delta_heads: dict[tuple[str, int], str] = {}
+        self._blocks = ContentBlocks()
         self._refused = False
 
     # -- streaming -----------------------------------------------------------------------------
@@ -159,79 +145,31 @@ class AnthropicMessagesEmitter:
         """A ``thinking_delta`` (reasoning) or ``text_delta`` (content, refusal), opening a block if needed."""
         if self._closed or choice != 0 or not text:
             return b""
-        kind = "thinking" if channel == "reasoning" else "text"
         self._refused = self._refused or channel == "refusal"
-        out = [self.open()]
-        if self._open != kind:
-            out.append(self._stop_block())
-            out.append(self._start_block(kind))
-        if kind == "thinking":
-            self._thinking.append(text)
-        out.append(self._delta(kind, text))
-        return b"".join(out)
-
-    def _start_block(self, kind: str) -> bytes:
-        """``content_block_start`` for a text or thinking block at the next index."""
-        block = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "",
-                                                                     "signature": ""}
-        self._open = kind
-        self._thinking = []
-        return self._block_start(block)
-
-    def _block_start(self, block: dict[str, Any]) -> bytes:
-        index = self._next_index
-        self._next_index += 1
-        return encode_event("content_block_start", {"type": "content_block_start", "index": index,
-                                                    "content_block": block})
-
-    def _delta(self, kind: str, text: str) -> bytes:
-        """One text / thinking delta; the constant part is built once per block."""
-        index = self._next_index - 1
-        head = self._delta_heads.get((kind, index))
-        if head is None:
-            head = ('event: content_block_delta\ndata: {"type":"content_block_delta",'
-                    f'"index":{index},"delta":{{"type":"{kind}_delta","{kind}":')
-            self._delta_heads = {(kind, index): head}
-        return (head + encode_basestring_ascii(text) + "}}\n\n").encode("ascii")
-
-    def _stop_block(self) -> bytes:
-        """Close the open block (a thinking block gets its ``signature_delta`` first), if any."""
-        if self._open is None:
-            return b""
-        index = self._next_index - 1
-        out = b""
-        if self._open == "thinking":
-            signature = thinking_signature("".join(self._thinking))
-            out = encode_event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "signature_delta", "signature": signature}})
-        self._open = None
-        return out + _block_stop(index)
+        opening = self.open()
+        if channel == "reasoning":
+            return opening + self._blocks.thinking(text)
+        return opening + self._blocks.text(text)
 
     def keepalive(self) -> bytes:
         """``event: ping`` + ``data: {"type":"ping"}`` (PROTOCOLS.md 0.6; Claude Code counts it as activity, 5.2)."""
         return b"" if self._closed else _PING
 
     def close(self, turn: Turn) -> bytes:
-        """Tool-use blocks, ``message_delta`` (stop reason, usage) and ``message_stop``."""
+        """Tool-use blocks, ``message_delta`` (stop reason, usage) and ``message_stop``.
+
+        Held whitespace (see ``ContentBlocks``) is dropped before tool_use blocks, else released.
+        """
         if self._closed:
             return b""
         choice = _first_choice(turn)
-        out = [self.open(), self._stop_block()]
-        out += list(self._tool_blocks(choice.tool_calls))
+        out = [self.open()]
+        if not choice.tool_calls:
+            out.append(self._blocks.release())
+        for call, call_id in zip(choice.tool_calls, tool_use_ids(choice.tool_calls), strict=True):
+            out.append(self._blocks.tool_use(call_id, self.tool_names.get(call.name, call.name), call.arguments))
         out.append(self._finish(stop_reason(choice, refused=self._refused), turn.usage))
         return b"".join(out)
-
-    def _tool_blocks(self, calls: list[ToolCall]) -> Iterator[bytes]:
-        """One ``tool_use`` block per call: start with ``input: {}``, argument slices, stop."""
-        for call, call_id in zip(calls, tool_use_ids(calls), strict=True):
-            name = self.tool_names.get(call.name, call.name)
-            yield self._block_start({"type": "tool_use", "id": call_id, "name": name, "input": {}})
-            index = self._next_index - 1
-            for piece in _slices(call.arguments or "{}"):
-                delta = {"type": "input_json_delta", "partial_json": piece}
-                yield encode_event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                           "delta": delta})
-            yield _block_stop(index)
 
     def _finish(self, reason: str, usage: dict[str, Any] | None) -> bytes:
         """``message_delta`` + ``message_stop``; the emitter is closed afterwards."""
@@ -244,8 +182,8 @@ class AnthropicMessagesEmitter:
         """``message`` in a new text block, stop reason ``end_turn`` (agents do not retry it)."""
         if self._closed:
             return b""
-        out = [self.open(), self._stop_block(), self._start_block("text"), self._delta("text", message)]
-        out.append(self._stop_block())
+        blocks = self._blocks
+        out = [self.open(), blocks.stop(), blocks.text(message), blocks.release()]
         out.append(self._finish("end_turn", None))
         return b"".join(out)
 
@@ -267,7 +205,7 @@ class AnthropicMessagesEmitter:
             content.append({"type": "thinking", "thinking": choice.reasoning,
                             "signature": thinking_signature(choice.reasoning)})
         text = (choice.content or "") + (choice.refusal or "")
-        if text:
+        if text.strip() or (text and not choice.tool_calls):  # no blank text block before a tool_use (issue 13)
             content.append({"type": "text", "text": text})
         for call, call_id in zip(choice.tool_calls, tool_use_ids(choice.tool_calls), strict=True):
             content.append({"type": "tool_use", "id": call_id, "name": self.tool_names.get(call.name, call.name),
@@ -303,17 +241,8 @@ def tool_use_ids(calls: list[ToolCall]) -> list[str]:
     return ids
 
 
-def _block_stop(index: int) -> bytes:
-    return encode_event("content_block_stop", {"type": "content_block_stop", "index": index})
-
-
 def _first_choice(turn: Turn) -> ChoiceTurn:
     return next((c for c in turn.choices if c.index == 0), ChoiceTurn())
-
-
-def _slices(text: str) -> Iterator[str]:
-    for start in range(0, len(text), ARGUMENT_SLICE):
-        yield text[start : start + ARGUMENT_SLICE]
 
 
 def _arguments(arguments: str) -> Any:
@@ -328,3 +257,7 @@ def _arguments(arguments: str) -> Any:
 def _int(obj: Any, key: str) -> int:
     value = obj.get(key) if isinstance(obj, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+__all__ = ["ARGUMENT_SLICE", "SIGNATURE_PREFIX", "AnthropicMessagesEmitter", "error_body", "error_type",
+           "is_own_signature", "stop_reason", "thinking_signature", "tool_use_ids", "usage_from_openai"]

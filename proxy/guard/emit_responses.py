@@ -10,7 +10,11 @@ Codex 0.171.0):
                   -> output_text.delta… -> output_text.done -> content_part.done -> output_item.done
       [tool]      output_item.added(function_call, arguments "") -> function_call_arguments.delta…
                   -> function_call_arguments.done -> output_item.done(function_call, full arguments)
-    -> response.completed(response with id, status, output, usage)
+      [custom]    output_item.added(custom_tool_call, input "") -> custom_tool_call_input.delta…
+                  -> custom_tool_call_input.done -> output_item.done(custom_tool_call, full input)
+      [shell]     output_item.added(local_shell_call) -> output_item.done(local_shell_call)
+    -> response.completed | response.incomplete (response with id, status, output, usage)
+     | response.failed (response with id, status "failed", error)
 
 Every event has ``type`` and ``sequence_number`` (0, 1, 2…) and goes out as ``event: <type>`` +
 ``data: <compact ASCII JSON>`` (Codex dispatches on ``data.type``; the ``event:`` line is harmless,
@@ -23,15 +27,22 @@ Decisions:
   summary); Codex reads ``response.reasoning_text.delta`` (``codex-rs/codex-api/src/sse/responses.rs``).
 - Refusal text is sent as ``output_text``: Codex's ``ContentItem`` has no refusal variant
   (``codex-rs/protocol/src/models.rs``), and an item it cannot parse is lost.
-- Function calls go out at close, after the guard validated them; ``call_id`` is the turn's id
-  (made unique and non-empty); a flattened namespace name is split back into ``name`` and
-  ``namespace`` (openai-python ``ResponseFunctionToolCall.namespace``).
-- The stream always ends with ``response.completed`` (Codex retries the whole request 5 times on a
-  stream without it, 0.3): a turn cut by ``length`` / ``content_filter`` has ``status:
-  "incomplete"`` and ``incomplete_details.reason`` ``max_output_tokens`` / ``content_filter`` in it.
-- Exhaustion: ``response.completed`` with a message item holding the text. ``close_error``:
-  ``response.failed`` with ``response.error {code, message}`` (3.4, 5.3); Codex treats the codes
-  ``context_length_exceeded`` / ``insufficient_quota`` as terminal and retries the rest.
+- Tool calls go out at close, after the guard validated them; ``call_id`` is the turn's id
+  (made unique and non-empty). ``Translation.tool_names`` (``proxy.guard.responses_tools``) says
+  what each upstream function stands for: a flattened namespace name is split back into ``name``
+  and ``namespace`` (openai-python ``ResponseFunctionToolCall.namespace``); a custom tool's call
+  becomes a ``custom_tool_call`` item whose ``input`` is the raw text the ``input`` argument held;
+  ``local_shell`` calls become ``local_shell_call`` items with ``action: {"type": "exec", …}``.
+- The terminal event says how the turn ended, as OpenAI's own stream does: ``response.completed``
+  for a finished turn; ``response.incomplete`` (``status: "incomplete"``, ``incomplete_details.reason``
+  ``max_output_tokens`` / ``content_filter``) for a ``length`` / ``content_filter`` finish;
+  ``response.failed`` (``close_error``) with ``response.error {code, message}`` (3.4, 5.3) for a
+  stream that broke off. Never ``response.completed`` for a cut stream. Codex treats the codes
+  ``context_length_exceeded`` / ``insufficient_quota`` as terminal and retries the rest; it also
+  retries on ``response.incomplete``, as it does against OpenAI.
+- Exhaustion (``close_exhausted``, the policy's deliberate answer when retries ran out on broken
+  model output): ``response.completed`` with a message item holding the text, a finished turn the
+  agent does not retry (the ``error`` exhaustion policy uses ``close_error`` instead).
 - Keep-alives are SSE comments (0.6). Usage: ``input_tokens`` / ``output_tokens`` /
   ``total_tokens`` with their details (3.4; Codex needs the three totals when usage is present).
 - Only choice 0 exists in this protocol; deltas of other choices are ignored.
@@ -45,6 +56,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from proxy.guard.events import Channel
+from proxy.guard.responses_tools import client_tool, custom_input, local_shell_action
 from proxy.guard.sse import encode_comment, encode_event
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
@@ -109,7 +121,8 @@ class OpenAIResponsesEmitter:
     ``model`` is the model name the client asked for; ``request`` the client's Responses request
     (its ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``instructions``, ``max_output_tokens``,
     ``temperature``, ``top_p`` are echoed on the Response object, as OpenAI does); ``tool_names``
-    maps upstream tool names to ``(namespace, name)`` (``Translation.tool_names``);
+    maps upstream tool names to ``ClientTool(namespace, name, kind)`` or a ``(namespace, name)``
+    pair (``Translation.tool_names``);
     ``response_id`` defaults to ``resp_`` + 24 hex digits, ``created_at`` to now.
     Stateful per response, no I/O.
     """
@@ -117,7 +130,7 @@ class OpenAIResponsesEmitter:
     protocol = "openai-responses"
 
     def __init__(self, *, model: str, request: dict[str, Any] | None = None, response_id: str | None = None,
-                 created_at: int | None = None, tool_names: dict[str, tuple[str | None, str]] | None = None) -> None:
+                 created_at: int | None = None, tool_names: dict[str, Any] | None = None) -> None:
         self.model = model
         self.request = request or {}
         self.response_id = response_id or f"resp_{secrets.token_hex(12)}"
@@ -216,45 +229,63 @@ class OpenAIResponsesEmitter:
         return b"" if self._closed else _KEEPALIVE
 
     def close(self, turn: Turn) -> bytes:
-        """Function-call items, then ``response.completed``."""
+        """Tool-call items, then ``response.completed`` (``response.incomplete`` after a ``length`` /
+        ``content_filter`` finish)."""
         if self._closed:
             return b""
         choice = _first_choice(turn)
         out = [self.open(), self._complete_item()]
-        out += list(self._function_calls(choice.tool_calls))
+        out += list(self._call_items(choice.tool_calls))
         out.append(self._completed(turn.usage, _INCOMPLETE.get(choice.finish_reason or "")))
         return b"".join(out)
 
-    def _function_calls(self, calls: list[ToolCall]) -> Iterator[bytes]:
-        """Per call: ``output_item.added`` (no arguments), argument deltas, ``.done``, ``output_item.done``."""
+    def _call_items(self, calls: list[ToolCall]) -> Iterator[bytes]:
+        """Per call: ``output_item.added`` (no input yet), the input deltas and their ``.done``, and
+        ``output_item.done`` with the full item (``function_call``, ``custom_tool_call`` or
+        ``local_shell_call``, PROTOCOLS.md 3.4; openai-python ``response_custom_tool_call_input_*_event.py``)."""
         for call, call_id in zip(calls, call_ids(calls), strict=True):
-            item = self._call_item(call, call_id, f"fc_{secrets.token_hex(12)}")
+            item = self._call_item(call, call_id)
             index = len(self._output)
-            yield self._event("response.output_item.added", output_index=index,
-                              item={**item, "arguments": "", "status": "in_progress"})
-            for piece in _slices(item["arguments"]):
-                yield self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                  delta=piece)
-            yield self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                              name=item["name"], arguments=item["arguments"])
+            kind = item["type"]
+            field = {"function_call": "arguments", "custom_tool_call": "input"}.get(kind)
+            added = {**item, "status": "in_progress", **({field: ""} if field else {})}
+            yield self._event("response.output_item.added", output_index=index, item=added)
+            if field is not None:
+                prefix = "response.function_call_arguments" if kind == "function_call" else \
+                    "response.custom_tool_call_input"
+                for piece in _slices(item[field]):
+                    yield self._event(f"{prefix}.delta", item_id=item["id"], output_index=index, delta=piece)
+                done = {"name": item["name"], "arguments": item["arguments"]} if kind == "function_call" else {
+                    "input": item["input"]}
+                yield self._event(f"{prefix}.done", item_id=item["id"], output_index=index, **done)
             self._output.append(item)
             yield self._event("response.output_item.done", output_index=index, item=item)
 
-    def _call_item(self, call: ToolCall, call_id: str, item_id: str) -> dict[str, Any]:
-        """The complete ``function_call`` item, with the client's name (and namespace)."""
-        namespace, name = self.tool_names.get(call.name, (None, call.name))
-        item: dict[str, Any] = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
-                                "arguments": call.arguments or "{}", "status": "completed"}
-        if namespace:
-            item["namespace"] = namespace
+    def _call_item(self, call: ToolCall, call_id: str) -> dict[str, Any]:
+        """The complete output item for ``call``, with the client's name, namespace and item type."""
+        tool = client_tool(self.tool_names.get(call.name), call.name)
+        if tool.kind == "local_shell":
+            return {"id": f"lsh_{secrets.token_hex(12)}", "type": "local_shell_call", "call_id": call_id,
+                    "status": "completed", "action": local_shell_action(call.arguments)}
+        if tool.kind == "custom":
+            item: dict[str, Any] = {"id": f"ctc_{secrets.token_hex(12)}", "type": "custom_tool_call",
+                                    "call_id": call_id, "name": tool.name, "input": custom_input(call.arguments),
+                                    "status": "completed"}
+        else:
+            item = {"id": f"fc_{secrets.token_hex(12)}", "type": "function_call", "call_id": call_id,
+                    "name": tool.name, "arguments": call.arguments or "{}", "status": "completed"}
+        if tool.namespace:
+            item["namespace"] = tool.namespace
         return item
 
     def _completed(self, usage: dict[str, Any] | None, incomplete: str | None) -> bytes:
-        """``response.completed``; the emitter is closed afterwards."""
+        """``response.completed``, or ``response.incomplete`` with its reason (a ``length`` /
+        ``content_filter`` finish, openai-python ``response_incomplete_event.py``); the emitter is
+        closed afterwards."""
         self._closed = True
         response = self._response("incomplete" if incomplete else "completed", usage=usage_from_openai(usage),
                                   incomplete=incomplete)
-        return self._event("response.completed", response=response)
+        return self._event("response.incomplete" if incomplete else "response.completed", response=response)
 
     def close_exhausted(self, message: str) -> bytes:
         """A message item holding ``message``, then ``response.completed``."""
@@ -296,7 +327,7 @@ class OpenAIResponsesEmitter:
                            "status": "completed", "content": [{"type": "output_text", "text": text,
                                                                "annotations": []}]})
         for call, call_id in zip(choice.tool_calls, call_ids(choice.tool_calls), strict=True):
-            output.append(self._call_item(call, call_id, f"fc_{secrets.token_hex(12)}"))
+            output.append(self._call_item(call, call_id))
         self._output = output
         incomplete = _INCOMPLETE.get(choice.finish_reason or "")
         return self._response("incomplete" if incomplete else "completed", usage=usage_from_openai(turn.usage),

@@ -13,19 +13,30 @@ Mapping (PROTOCOLS.md 2.6, after claude-code-router's ``anthropic.transformer.ts
   dropped.
 - ``messages[].role: "system"`` (Claude Code's mid-conversation system blocks, section 0 item 13)
   -> a system message at the same position.
-- user blocks: ``text`` -> text; ``image`` -> ``image_url`` (base64 as a data URL, or the URL);
-  ``document`` with a text source -> text; each ``tool_result`` -> one ``tool`` message, emitted
-  before the rest of that user message (CCR does exactly this). Text-only content is sent as one
-  string (some chat upstreams accept only strings).
+- user blocks (``proxy.guard.anthropic_content``): ``text`` -> text; ``image`` -> ``image_url``
+  (base64 as a data URL, or the URL); ``document`` -> text (text and content sources) or an OpenAI
+  ``file`` part (base64 PDF); blocks a chat upstream cannot be given (Files API sources, URL
+  documents) -> 400 naming the block; any other block -> its JSON as text. Each ``tool_result`` ->
+  one ``tool`` message whose content is one string (text joined, other blocks as JSON, images and
+  PDFs carried in a user message after the tool messages), emitted before the rest of that user
+  message (CCR does exactly this). Text-only content is sent as one string (some chat upstreams
+  accept only strings).
 - assistant blocks: ``text`` -> ``content``; ``tool_use`` -> ``tool_calls`` (arguments =
-  ``json.dumps(input)``); ``thinking`` -> ``reasoning_content`` (DeepSeek thinking mode requires
-  it back on tool-call turns, 2.8; Claude Code echoes thinking blocks verbatim, 4.3).
+  ``json.dumps(input)``); ``thinking`` -> ``reasoning_content`` whatever its signature (DeepSeek
+  thinking mode requires it back on tool-call turns, 2.8; Claude Code echoes thinking blocks
+  verbatim with the signature the emitter gave them, 4.3); ``redacted_thinking`` and server-tool
+  blocks are dropped and reported.
+- the history is then made valid around tool calls (``proxy.guard.tool_history``): consecutive
+  assistant messages merged (as the Anthropic API merges consecutive turns), exactly one ``tool``
+  message per ``tool_use_id`` right after its assistant message (system messages in between moved
+  after them, missing results answered, stray results sent as user text; each repair reported).
 - ``tools``: custom tools (``type`` absent or ``"custom"``) -> function tools with
-  ``parameters = input_schema``; server tools (any other ``type``) and ``defer_loading``
-  placeholders are dropped and reported; names that are not valid OpenAI names (> 64 characters)
-  are shortened and mapped back.
+  ``parameters = input_schema``; server tools (any other ``type``) are dropped and reported;
+  ``defer_loading`` tools are dropped and reported unless a ``tool_reference`` in the history
+  loaded them; names that are not valid OpenAI names (> 64 characters) are shortened and mapped back.
 - ``tool_choice`` auto / any / tool / none -> ``"auto"`` / ``"required"`` / the named function /
-  ``"none"``; ``disable_parallel_tool_use: true`` -> ``parallel_tool_calls: false``.
+  ``"none"`` (a name that is no declared function tool -> 400; no tool left -> reported);
+  ``disable_parallel_tool_use: true`` -> ``parallel_tool_calls: false``.
 - ``max_tokens``, ``temperature``, ``top_p`` as is; ``stop_sequences`` -> ``stop`` (at most 4);
   ``stream`` -> ``stream`` + ``stream_options.include_usage``.
 - ``thinking: {"type":"enabled","budget_tokens":N}`` -> ``reasoning_effort`` (low / medium / high
@@ -43,6 +54,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.guard.anthropic_content import tool_result_text, user_parts
+from proxy.guard.tool_history import pair_tool_messages
 from proxy.guard.translate import (
     Translation,
     TranslationError,
@@ -175,7 +188,9 @@ class _Translator:
             raise TranslationError("`messages` must not be empty", param="messages")
         for i, message in enumerate(messages):
             out.extend(self.message(require_dict(message, f"messages[{i}]"), f"messages[{i}]"))
-        return out
+        paired, notes = pair_tool_messages(out)
+        self.dropped.extend(notes)
+        return paired
 
     def message(self, message: dict[str, Any], param: str) -> list[dict[str, Any]]:
         """One Anthropic message as one or more chat messages."""
@@ -195,49 +210,30 @@ class _Translator:
         raise TranslationError(f"`{param}.role` must be user, assistant or system", param=f"{param}.role")
 
     def user(self, blocks: list[Any], param: str) -> list[dict[str, Any]]:
-        """Tool results first (one ``tool`` message each), then the user's own content, if any."""
+        """Tool results first (one ``tool`` message each), then what they could not hold (images,
+        PDFs) and the user's own content, as one user message (``proxy.guard.anthropic_content``)."""
         out: list[dict[str, Any]] = []
+        attachments: list[dict[str, Any]] = []
         parts: list[dict[str, Any]] = []
         for i, block in enumerate(blocks):
             where = f"{param}.content[{i}]"
             block = require_dict(block, where)
-            kind = block.get("type")
-            if kind == "tool_result":
-                out.append(self.tool_result(block, where))
-            elif kind == "text":
-                text = require_str(block.get("text"), f"{where}.text", allow_empty=True)
-                parts.append({"type": "text", "text": text})
-            elif kind == "image":
-                parts.append(_image(block, where))
-            elif kind == "document" and _document_text(block) is not None:
-                parts.append({"type": "text", "text": _document_text(block)})
+            if block.get("type") == "tool_result":
+                out.append(self.tool_result(block, where, attachments))
             else:
-                self.dropped.append(f"{where} ({kind})")
+                parts.extend(user_parts(block, where))
+        parts = attachments + parts
         if parts:
             out.append({"role": "user", "content": _user_content(parts)})
         elif not out:
             out.append({"role": "user", "content": ""})
         return out
 
-    def tool_result(self, block: dict[str, Any], where: str) -> dict[str, Any]:
-        """A ``tool_result`` block as a ``tool`` message; list content becomes its joined text."""
+    def tool_result(self, block: dict[str, Any], where: str, attachments: list[dict[str, Any]]) -> dict[str, Any]:
+        """A ``tool_result`` block as a ``tool`` message whose content is one string."""
         call_id = require_str(block.get("tool_use_id"), f"{where}.tool_use_id")
-        content = block.get("content", "")
-        if content is None:
-            content = ""
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                part = require_dict(part, f"{where}.content[{j}]")
-                if part.get("type") == "text":
-                    texts.append(require_str(part.get("text"), f"{where}.content[{j}].text", allow_empty=True))
-                else:
-                    self.dropped.append(f"{where}.content[{j}] ({part.get('type')})")
-            content = "\n\n".join(texts)
-        elif not isinstance(content, str):
-            raise TranslationError(f"`{where}.content` must be a string or an array of blocks",
-                                   param=f"{where}.content")
-        return {"role": "tool", "tool_call_id": call_id, "content": content}
+        text = tool_result_text(block.get("content"), f"{where}.content", call_id, attachments)
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
 
     def assistant(self, blocks: list[Any], param: str) -> dict[str, Any]:
         """Text, tool calls and reasoning of one assistant message."""
@@ -280,12 +276,15 @@ class _Translator:
     def tools(self, body: dict[str, Any]) -> dict[str, Any]:
         """``tools``, ``tool_choice`` and ``parallel_tool_calls`` (omitted when no tool is left)."""
         tools: list[dict[str, Any]] = []
+        loaded = _referenced_tools(body.get("messages"))
         for i, tool in enumerate(require_list(body.get("tools") or [], "tools")):
-            function = self.tool(require_dict(tool, f"tools[{i}]"), f"tools[{i}]")
+            function = self.tool(require_dict(tool, f"tools[{i}]"), f"tools[{i}]", loaded)
             if function is not None:
                 tools.append(function)
-        choice, parallel = self.tool_choice(body.get("tool_choice"))
+        choice, parallel = self.tool_choice(body.get("tool_choice"), {t["function"]["name"] for t in tools})
         if not tools:
+            if body.get("tool_choice") is not None:
+                self.dropped.append("tool_choice (no tool left to choose)")
             return {}
         out: dict[str, Any] = {"tools": tools}
         if choice is not None:
@@ -294,14 +293,22 @@ class _Translator:
             out["parallel_tool_calls"] = False
         return out
 
-    def tool(self, tool: dict[str, Any], where: str) -> dict[str, Any] | None:
-        """One declared tool as a chat function tool, or None (reported) when it cannot be one."""
+    def tool(self, tool: dict[str, Any], where: str, loaded: frozenset[str]) -> dict[str, Any] | None:
+        """One declared tool as a chat function tool, or None (reported) when it cannot be one.
+
+        Server tools (any ``type`` but ``custom``: ``web_search_*``, ``web_fetch_*``,
+        ``code_execution_*``, ``bash_*``, ``text_editor_*``, ``computer_*``, ``memory_*``,
+        ``tool_search_tool_*``, ``mcp_toolset``…) run on Anthropic's side or come with a schema
+        only Claude models know: a chat upstream cannot run them. A ``defer_loading`` tool is
+        declared once a ``tool_reference`` in the history loaded it (Claude Code's ToolSearch),
+        else left out, as the Anthropic API does.
+        """
         kind = tool.get("type")
         if kind not in (None, "custom"):
             self.dropped.append(f"{where} ({kind})")
             return None
         name = require_str(tool.get("name"), f"{where}.name")
-        if tool.get("defer_loading") is True:
+        if tool.get("defer_loading") is True and name not in loaded:
             self.dropped.append(f"{where} (defer_loading {name})")
             return None
         schema = tool.get("input_schema")
@@ -314,8 +321,9 @@ class _Translator:
             function["description"] = description
         return {"type": "function", "function": function}
 
-    def tool_choice(self, choice: Any) -> tuple[Any, bool | None]:
-        """The chat ``tool_choice`` and ``parallel_tool_calls`` for an Anthropic ``tool_choice``."""
+    def tool_choice(self, choice: Any, declared: set[str]) -> tuple[Any, bool | None]:
+        """The chat ``tool_choice`` and ``parallel_tool_calls`` for an Anthropic ``tool_choice``
+        (``declared``: the upstream names of the function tools sent)."""
         if choice is None:
             return None, None
         choice = require_dict(choice, "tool_choice")
@@ -328,7 +336,11 @@ class _Translator:
         if kind == "none":
             return "none", None
         if kind == "tool":
-            name = self.name(require_str(choice.get("name"), "tool_choice.name"))
+            client_name = require_str(choice.get("name"), "tool_choice.name")
+            name = self.name(client_name)
+            if declared and name not in declared:
+                raise TranslationError(f"`tool_choice.name` {client_name!r} is not a tool a chat.completions "
+                                       "upstream can run (not declared, or a server tool)", param="tool_choice.name")
             return {"type": "function", "function": {"name": name}}, parallel
         raise TranslationError("`tool_choice.type` must be auto, any, tool or none", param="tool_choice.type")
 
@@ -345,29 +357,21 @@ def _system_text(system: Any) -> str:
     return text_of_parts(blocks, "system", kinds=("text",))
 
 
-def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
-    """An ``image`` block as an ``image_url`` part (PROTOCOLS.md 2.6)."""
-    source = require_dict(block.get("source"), f"{where}.source")
-    if source.get("type") == "base64":
-        media = require_str(source.get("media_type"), f"{where}.source.media_type")
-        data = require_str(source.get("data"), f"{where}.source.data")
-        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
-    if source.get("type") == "url":
-        return {"type": "image_url", "image_url": {"url": require_str(source.get("url"), f"{where}.source.url")}}
-    raise TranslationError(f"`{where}.source.type` must be base64 or url", param=f"{where}.source.type")
-
-
-def _document_text(block: dict[str, Any]) -> str | None:
-    """The text of a plain-text ``document`` block, else None."""
-    source = block.get("source")
-    if not isinstance(source, dict) or source.get("type") != "text":
-        return None
-    data = source.get("data")
-    return data if isinstance(data, str) else None
+def _referenced_tools(messages: Any) -> frozenset[str]:
+    """Names in the ``tool_reference`` blocks of the history's tool results (Claude Code's ToolSearch)."""
+    names: set[str] = set()
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            inner = block.get("content") if isinstance(block, dict) and block.get("type") == "tool_result" else None
+            for part in inner if isinstance(inner, list) else ():
+                if isinstance(part, dict) and part.get("type") == "tool_reference":
+                    names.add(str(part.get("tool_name")))
+    return frozenset(names)
 
 
 def _user_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Text-only content as one string; with images, the parts list."""
+    """Text-only content as one string; with images or files, the parts list."""
     if all(p["type"] == "text" for p in parts):
         return "\n\n".join(p["text"] for p in parts)
     return parts

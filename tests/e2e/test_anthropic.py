@@ -25,6 +25,7 @@ from tests.e2e.corpus import (
     expected_calls,
     upstream_calls,
 )
+from tests.protocol_grammar import anthropic_content
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -131,6 +132,8 @@ def test_it_delivers_recoverable_cases_as_canonical_events_to_messages_create(ca
             calls[event.index] = (name, partial + event.delta.partial_json)
     assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == expected_calls(case)
     assert events[-2].delta.stop_reason == "tool_use" and events[-2].usage.output_tokens >= 0
+    content, _ = anthropic_content([(e.type, e.to_dict()) for e in events])  # the grammar of PROTOCOLS.md 2.3
+    assert [(b["name"], b["input"]) for b in content if b["type"] == "tool_use"] == expected_calls(case)
 
 
 @pytest.mark.parametrize("case", cases_by_action("retry"))

@@ -24,6 +24,7 @@ from tests.e2e.corpus import (
     expected_calls,
     upstream_calls,
 )
+from tests.protocol_grammar import responses_output
 
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
@@ -128,6 +129,7 @@ def test_it_delivers_recoverable_cases_as_events_to_responses_create(case: dict[
     assert [i.id for i in completed.response.output] == [i.id for i in done]  # type: ignore[union-attr]
     usage = completed.response.usage  # type: ignore[union-attr]
     assert usage is not None and usage.total_tokens == usage.input_tokens + usage.output_tokens
+    responses_output([e.to_dict() for e in events])  # the grammar of PROTOCOLS.md 3.4
 
 
 @pytest.mark.parametrize("case", cases_by_action("retry"))

@@ -9,7 +9,6 @@ are asserted on the raw bytes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -18,8 +17,6 @@ import pytest
 from anthropic._streaming import SSEDecoder  # the SDK's decoder (private, but the one clients run)
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from proxy.guard.emit_anthropic import (
     ARGUMENT_SLICE,
@@ -28,7 +25,6 @@ from proxy.guard.emit_anthropic import (
     is_own_signature,
     thinking_signature,
 )
-from proxy.guard.events import Channel
 from proxy.guard.translate_anthropic import translate_messages
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
@@ -313,39 +309,6 @@ def test_it_shapes_http_errors_like_anthropic(status: int, kind: str, exception:
     assert caught.value.body == body  # type: ignore[attr-defined]
 
 
-def _deltas() -> st.SearchStrategy[list[tuple[Channel, str]]]:
-    channel = st.sampled_from(["content", "reasoning", "refusal"])
-    return st.lists(st.tuples(channel, st.text(min_size=1, max_size=8)), max_size=12)
-
-
-@settings(max_examples=150, deadline=None)
-@given(deltas=_deltas(), calls=st.integers(min_value=0, max_value=3))
-def test_it_streams_any_delta_sequence_into_blocks_the_sdk_accepts(deltas: list[tuple[Channel, str]],
-                                                                   calls: int) -> None:
-    em = emitter()
-    data = em.open() + b"".join(em.text(0, ch, t) for ch, t in deltas)
-    tool_calls = [ToolCall(f"c{k}", "f", json.dumps({"k": k})) for k in range(calls)]
-    data += em.close(Turn(choices=[ChoiceTurn(tool_calls=tool_calls)], usage=USAGE))
-    snapshot = accumulated(data)
-    expected = list(_runs(deltas))
-    got = [(b.type, b.thinking if b.type == "thinking" else b.text) for b in snapshot.content if b.type != "tool_use"]
-    assert got == expected
-    assert [b.input for b in snapshot.content if b.type == "tool_use"] == [{"k": k} for k in range(calls)]
-
-
-def _runs(deltas: list[tuple[Channel, str]]) -> Iterator[tuple[str, str]]:
-    """Consecutive deltas of the same block kind, joined (refusal text goes to text blocks)."""
-    kind, text = None, ""
-    for channel, piece in deltas:
-        this = "thinking" if channel == "reasoning" else "text"
-        if this != kind and kind is not None:
-            yield kind, text
-            text = ""
-        kind, text = this, text + piece
-    if kind is not None:
-        yield kind, text
-
-
 def test_it_sends_one_ascii_json_document_per_data_line() -> None:
     """PROTOCOLS.md section 0 item 7: ``ensure_ascii``, no raw U+2028 / newlines inside data, no BOM."""
     text = "Grüße\u2028line\nnext \U0001f600"
@@ -356,3 +319,11 @@ def test_it_sends_one_ascii_json_document_per_data_line() -> None:
     message = final_message(data)
     assert message.content[0].thinking == text and message.content[1].text == text  # type: ignore[union-attr]
     assert message.content[2].input == {"t": text}  # type: ignore[union-attr]
+
+
+def test_a_non_stream_message_has_no_blank_text_block_before_a_tool_use() -> None:
+    """Claude Code falls back to ``stream: false`` and renders a blank text block too (issue 13)."""
+    turn = Turn(choices=[ChoiceTurn(content="\n\n", tool_calls=[ToolCall("c", "f", "{}")], finish_reason="tool_calls")])
+    assert [b["type"] for b in emitter().complete(turn)["content"]] == ["tool_use"]
+    plain = Turn(choices=[ChoiceTurn(content="\n", finish_reason="stop")])
+    assert emitter().complete(plain)["content"] == [{"type": "text", "text": "\n"}]

@@ -198,9 +198,15 @@ def test_it_keeps_codexs_terminal_failure_codes(error: UpstreamError, code: str)
 
 
 @pytest.mark.parametrize(("finish", "reason"), [("length", "max_output_tokens"), ("content_filter", "content_filter")])
-def test_it_marks_cut_turns_incomplete_but_still_completes_the_stream(finish: str, reason: str) -> None:
-    response = final_response(stream(emitter(), Turn(choices=[ChoiceTurn(content="cut", finish_reason=finish)])))
-    assert response.status == "incomplete"
+def test_it_ends_a_cut_turn_with_response_incomplete_and_its_reason(finish: str, reason: str) -> None:
+    """As OpenAI does on a ``max_output_tokens`` / content-filter stop: ``response.incomplete``, never
+    ``response.completed`` (openai-python's ``get_final_response`` only takes ``response.completed``,
+    openai/openai-python#3538, so the event itself is read here)."""
+    data = stream(emitter(), Turn(choices=[ChoiceTurn(content="cut", finish_reason=finish)]))
+    last = events(data)[-1]
+    assert last["type"] == "response.incomplete" and b"response.completed" not in data
+    response = Response.model_validate(last["response"])
+    assert response.status == "incomplete" and response.output_text == "cut"
     assert response.incomplete_details is not None and response.incomplete_details.reason == reason
 
 

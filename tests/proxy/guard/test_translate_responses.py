@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.guard.responses_tools import ClientTool
 from proxy.guard.translate import TranslationError
 from proxy.guard.translate_responses import flat_tool_name, translate_responses
 
@@ -51,16 +52,26 @@ def test_it_maps_message_items_by_role() -> None:
     ]
 
 
-def test_it_maps_input_images() -> None:
+def test_it_maps_input_images_and_files() -> None:
     items = [{"role": "user", "content": [{"type": "input_text", "text": "look"},
                                           {"type": "input_image", "image_url": "data:image/png;base64,AAAA",
                                            "detail": "high"},
-                                          {"type": "input_image", "file_id": "file-1"}]}]
+                                          {"type": "input_file", "filename": "a.pdf",
+                                           "file_data": "data:application/pdf;base64,JVBE"}]}]
     result = translate_responses(request(input=items))
     assert result.body["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "look"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "high"}}]}]
-    assert result.dropped == ("input[0].content[2] (input_image)",)
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "high"}},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBE"}}]}]
+    assert result.dropped == ()
+
+
+@pytest.mark.parametrize("part", [{"type": "input_image", "file_id": "file-1"},
+                                  {"type": "input_file", "file_url": "https://example.org/a.pdf"}])
+def test_it_refuses_files_it_cannot_carry_naming_the_part(part: dict[str, Any]) -> None:
+    with pytest.raises(TranslationError) as caught:
+        translate_responses(request(input=[{"role": "user", "content": [{"type": "input_text", "text": "x"}, part]}]))
+    assert caught.value.param == "input[0].content[1]" and "input[0].content[1]" in caught.value.message
 
 
 def test_it_groups_reasoning_text_and_function_calls_into_one_assistant_message() -> None:
@@ -102,7 +113,7 @@ def test_it_uses_a_reasoning_summary_when_there_is_no_reasoning_text() -> None:
 
 def test_it_declares_function_tools_flattens_namespaces_and_drops_hosted_tools() -> None:
     tools = [EXEC, MULTI_AGENT, {"type": "web_search", "external_web_access": False},
-             {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}]
+             {"type": "file_search", "vector_store_ids": ["v"]}]
     result = translate_responses(request(tools=tools))
     assert result.body["tools"] == [
         {"type": "function", "function": {"name": "exec_command", "description": "Run a command",
@@ -112,9 +123,9 @@ def test_it_declares_function_tools_flattens_namespaces_and_drops_hosted_tools()
         {"type": "function", "function": {"name": "multi_agent_v1__wait",
                                           "parameters": {"type": "object", "properties": {}}}},
     ]
-    assert result.tool_names == {"multi_agent_v1__spawn_agent": ("multi_agent_v1", "spawn_agent"),
-                                 "multi_agent_v1__wait": ("multi_agent_v1", "wait")}
-    assert result.dropped == ("tools[2] (web_search)", "tools[3] (custom)")
+    assert result.tool_names == {"multi_agent_v1__spawn_agent": ClientTool("multi_agent_v1", "spawn_agent"),
+                                 "multi_agent_v1__wait": ClientTool("multi_agent_v1", "wait")}
+    assert result.dropped == ("tools[2] (web_search)", "tools[3] (file_search)")
 
 
 def test_it_maps_namespaced_calls_in_history_to_the_flattened_names() -> None:
@@ -132,7 +143,7 @@ def test_it_shortens_long_flattened_names_and_maps_them_back() -> None:
     result = translate_responses(request(tools=[namespace]))
     name = result.body["tools"][0]["function"]["name"]
     assert len(name) == 64 and name == flat_tool_name("n" * 40, "t" * 40)
-    assert result.tool_names[name] == ("n" * 40, "t" * 40)
+    assert result.tool_names[name] == ClientTool("n" * 40, "t" * 40)
 
 
 @pytest.mark.parametrize(("choice", "expected"), [
@@ -174,9 +185,15 @@ def test_it_maps_text_formats_to_response_format() -> None:
 
 
 def test_it_reports_unknown_fields_unsupported_items_and_store_true() -> None:
-    items = [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}]
+    items = [{"role": "user", "content": "x"}, {"type": "web_search_call", "id": "ws_1", "action": {}}]
     result = translate_responses(request(input=items, store=True, background=True))
-    assert set(result.dropped) == {"input[1] (item_reference)", "store", "background"}
+    assert set(result.dropped) == {"input[1] (web_search_call)", "store", "background"}
+
+
+def test_it_refuses_item_references_it_cannot_resolve() -> None:
+    with pytest.raises(TranslationError) as caught:
+        translate_responses(request(input=[{"role": "user", "content": "x"}, {"type": "item_reference", "id": "m"}]))
+    assert caught.value.param == "input[1]"
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -214,10 +231,12 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_siz
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
                                                                                  max_size=3), max_leaves=12)
 _item = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "other"]),
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "other",
+                             "custom_tool_call", "custom_tool_call_output", "local_shell_call",
+                             "local_shell_call_output", "item_reference"]),
     "role": st.sampled_from(["user", "assistant", "developer", "system", "x"]),
     "content": _json, "call_id": _json, "name": _json, "arguments": _json, "output": _json, "summary": _json,
-    "namespace": _json})
+    "namespace": _json, "input": _json, "action": _json, "id": _json, "encrypted_content": _json})
 
 
 @settings(max_examples=300, deadline=None)
