@@ -44,6 +44,8 @@ class RequestRecord:
     upstream_model: str = ""
     fragments: FragmentStorage = FragmentStorage.OFFENDING
     created: datetime = field(default_factory=timezone.now)
+    #: Request-level findings (not about an upstream answer: client fields not forwarded).
+    findings: Sequence[GuardFinding] = ()
 
 
 @dataclass(slots=True)
@@ -109,7 +111,10 @@ def _finding_json(f: GuardFinding, keep_frames: bool) -> dict[str, Any]:
 
 def request_started(*, request: RequestRecord) -> None:
     """Journal that ``request`` started (a request with a start and no end becomes ``interrupted``)."""
-    _journal_append({"t": "start", "id": str(request.id), "req": _request_json(request)})
+    record: dict[str, Any] = {"t": "start", "id": str(request.id), "req": _request_json(request)}
+    if request.findings:
+        record["findings"] = [_finding_json(f, False) for f in request.findings]
+    _journal_append(record)
 
 
 def attempt_finished(*, request: RequestRecord, attempt: AttemptRecord) -> None:
@@ -190,6 +195,7 @@ class Batch:
     starts: dict[str, dict[str, Any]] = field(default_factory=dict)
     finishes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # request-level findings by request
 
     @classmethod
     def of(cls, records: Iterable[dict[str, Any]]) -> Batch:
@@ -201,6 +207,8 @@ class Batch:
                 continue
             if kind == "start":
                 batch.starts[rid] = record["req"]
+                if record.get("findings"):
+                    batch.notes[rid] = record["findings"]
             elif kind == "finish":
                 batch.finishes[rid] = (record["req"], record["res"])
             elif kind == "attempt":
@@ -227,6 +235,7 @@ def _requests(batch: Batch) -> set[str]:
     new = [_request_row(rid, *(batch.finishes[rid] if rid in batch.finishes else (batch.starts[rid], None)))
            for rid in sorted(ids - existing) if rid in batch.finishes or rid in batch.starts]
     ProxyRequest.objects.bulk_create(new)
+    Finding.objects.bulk_create([_request_finding(row, f) for row in new for f in batch.notes.get(str(row.id), ())])
     updated = []
     for rid in sorted(set(batch.finishes) & existing):
         row = ProxyRequest(id=uuid.UUID(rid))
@@ -267,6 +276,12 @@ def _finding_row(a: dict[str, Any], row: Attempt, f: dict[str, Any]) -> Finding:
         slot=f.get("slot"), frame=f.get("frame"), byte_offset=f.get("offset"), fragment=db_text(f.get("fragment", "")),
         detail=db_text(f.get("detail", "")), tool_name=db_text(f.get("tool", ""))[:200], created=row.created,
     )
+
+
+def _request_finding(row: ProxyRequest, f: dict[str, Any]) -> Finding:
+    return Finding(request_id=row.id, attempt=None, tenant_id_copy=row.tenant_id, kind=str(f["kind"])[:64],
+                   severity=str(f["severity"])[:8], action=str(f["action"])[:12], detail=db_text(f.get("detail", "")),
+                   created=row.created)
 
 
 def _fragment_row(a: dict[str, Any], row: Attempt) -> Fragment:

@@ -190,11 +190,9 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
                            param="model", code="model_not_found", type=dialect.not_found_type)
     response = consumer.response
     assert response is not None
-    if prepared.dropped:
-        logger.info("request %s (%s, tenant %s): not forwarded: %s", response.request_id, dialect.protocol,
-                    principal.slug, ", ".join(prepared.dropped))
     call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
-                     protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"))
+                     protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"),
+                     dropped=prepared.dropped)
     await Relay(call, response, get_client()).run()
 
 

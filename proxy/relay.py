@@ -28,6 +28,7 @@ from proxy.attempts import AttemptLog
 from proxy.background import drain_background
 from proxy.guard.answer import RequestOutcome, answer_for
 from proxy.guard.emit import Emitter
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.request import ChatRequest
 from proxy.guard.turn import Decision, Outcome, UpstreamError
 from proxy.paths import Attempted, Guarded, NonStream, PassThrough
@@ -51,6 +52,7 @@ class RelayCall:
     emitter: Emitter
     protocol: str = "openai-chat"
     user_agent: str = ""
+    dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
 
     @property
     def forwards_raw(self) -> bool:
@@ -89,6 +91,8 @@ class Relay:
             model=call.request.model, path=call.path, client_protocol=call.protocol,
             client_user_agent=call.user_agent, route_id=call.plan.route_id, upstream_id=first.upstream_id,
             upstream_model=first.model, fragments=call.plan.policy.fragments,
+            findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
+                                   f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
         )
         self.log = AttemptLog(record, call.plan.targets)
         self.deadline = response.started + call.plan.deadline  # monotonic seconds

@@ -24,7 +24,9 @@ from proxy.guard.slots import Slot, argument_fragment, ident
 K = FindingKind
 _TOOL_KEYS = frozenset({"index", "id", "type", "function"})
 _TEXT_KEYS: tuple[tuple[str, Channel], ...] = (
-    ("content", "content"), ("reasoning_content", "reasoning"), ("reasoning", "reasoning"),
+    # Reasoning first: a delta carrying both comes out as the model wrote it (thought, then answer), so an
+    # Anthropic client gets one thinking block before its text block, not text split around a thought.
+    ("reasoning_content", "reasoning"), ("reasoning", "reasoning"), ("content", "content"),
     ("refusal", "refusal"),
 )
 

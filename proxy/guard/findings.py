@@ -103,7 +103,8 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_CONNECTION_ERROR = "upstream-connection-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_NOT_SSE = "upstream-not-sse"
-    OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream's address is not allowed (SSRF policy)
+    OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream address is refused (SSRF policy)
+    REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries
     # Input-side family members (accumulate / sse).
     INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason
     UNKNOWN_FINISH_REASON = "unknown-finish-reason"  # a finish_reason outside the OpenAI set and aliases

@@ -219,7 +219,7 @@ def test_it_flattens_namespace_tools_and_restores_the_namespace_on_the_call(make
     assert [t["function"]["name"] for t in upstream["tools"]] == ["multi_agent_v1__spawn_agent"]
 
 
-def test_it_accepts_codexs_request(make_tenant: Any, simulator: Any) -> None:
+def test_it_accepts_codexs_request(make_tenant: Any, simulator: Any, audit_rows: Any, django_db_blocker: Any) -> None:
     """The body Codex CLI 0.171.0 sends (PROTOCOLS.md 3.3): developer message, hosted tool, transport fields."""
     tenant = make_tenant()
     marker = uuid.uuid4().hex
@@ -241,6 +241,13 @@ def test_it_accepts_codexs_request(make_tenant: Any, simulator: Any) -> None:
     assert upstream["messages"][0] == {"role": "system", "content": "You are Codex."}
     assert [t["function"]["name"] for t in upstream["tools"]] == ["exec_command", "multi_agent_v1__spawn_agent"]
     assert "store" not in upstream and "include" not in upstream
+    audit_rows(response.headers["x-request-id"])
+    from audit.models import Finding
+
+    with django_db_blocker.unblock():
+        notes = list(Finding.objects.filter(request_id=response.headers["x-request-id"], attempt=None)
+                     .values_list("kind", "detail"))
+    assert ("request-field-not-forwarded", "not forwarded upstream: tools[2] (web_search)") in notes, notes
 
 
 def test_it_streams_tool_less_text_live_through_the_guard(make_tenant: Any, audit_rows: Any) -> None:
