@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 _HTTPChannel: Any = http.HTTPChannel
 
 #: After a 413: the rest of the body is dropped for at most this long in all (seconds) ...
-REFUSAL_LINGER_SECONDS = 10.0
+REFUSAL_LINGER_SECONDS = 30.0
 #: ... and at most this long without a byte from the client (seconds).
 REFUSAL_IDLE_SECONDS = 2.0
 
