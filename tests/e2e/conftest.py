@@ -79,11 +79,13 @@ class ProxyServer:
 
 
 @contextlib.contextmanager
-def running_proxy(database_url: str, log: Path, **settings: str) -> Iterator[ProxyServer]:
-    """``manage.py serve`` on a free port against ``database_url``, with the e2e environment plus
-    ``settings`` (environment variables), its audit journal in ``journal/`` beside ``log``; stopped
-    (SIGTERM, then SIGKILL after 10 s) on exit."""
-    port = _free_port()
+def running_proxy(database_url: str, log: Path, *, listening: socket.socket | None = None,
+                  **settings: str) -> Iterator[ProxyServer]:
+    """``manage.py serve`` on a free port (or on the inherited socket ``listening``, ``--fd``) against
+    ``database_url``, with the e2e environment plus ``settings`` (environment variables), its audit
+    journal in ``journal/`` beside ``log``; stopped (SIGTERM, then SIGKILL after 10 s) on exit."""
+    port = _free_port() if listening is None else int(listening.getsockname()[1])
+    where = ["--host", "127.0.0.1", "--port", str(port)] if listening is None else ["--fd", str(listening.fileno())]
     journal = log.parent / "journal"
     journal.mkdir(exist_ok=True)
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
@@ -94,8 +96,8 @@ def running_proxy(database_url: str, log: Path, **settings: str) -> Iterator[Pro
     # process does, which encrypts the credentials the server decrypts), which the checks refuse.
     with log.open("wb") as handle:
         process = subprocess.Popen(  # noqa: S603 - fixed argv
-            [sys.executable, "manage.py", "serve", "--skip-checks", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+            [sys.executable, "manage.py", "serve", "--skip-checks", *where], cwd=ROOT, env=env, stdout=handle,
+            stderr=subprocess.STDOUT, pass_fds=() if listening is None else (listening.fileno(),),
         )
         server = ProxyServer(f"http://127.0.0.1:{port}", process, log)
         try:

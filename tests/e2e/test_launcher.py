@@ -310,12 +310,27 @@ def test_a_client_that_stops_reading_pauses_the_upstream_and_resumes_it(proxy_se
 def test_a_burst_of_connects_sees_no_syn_retry(limited: ProxyServer) -> None:
     """300 connects at once complete in the kernel within 0.5 s (Twisted's default backlog of 50
     dropped SYNs here, and the clients retried after 1 s)."""
+    assert_burst_connects(limited.port)
+
+
+def test_an_inherited_socket_is_served_with_the_backlog(e2e_database_url: str, tmp_path: Path) -> None:
+    """``--fd``: a socket listening with a backlog of 5 (as a supervisor might make it) is served,
+    and given ``LISTEN_BACKLOG``: the same burst connects at once."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(5)
+        with running_proxy(e2e_database_url, tmp_path / "serve.log", listening=listening) as server:
+            assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+            assert_burst_connects(server.port)
+
+
+def assert_burst_connects(port: int) -> None:
     socks = [socket.socket() for _ in range(300)]
     poller, pending = select.poll(), {}
     started = time.monotonic()
     for sock in socks:
         sock.setblocking(False)
-        sock.connect_ex(("127.0.0.1", limited.port))
+        sock.connect_ex(("127.0.0.1", port))
         poller.register(sock.fileno(), select.POLLOUT)
         pending[sock.fileno()] = sock
     while pending and time.monotonic() - started < 3:
