@@ -30,4 +30,4 @@ RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin toolr
 USER toolrelay
 
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--proxy-headers", "config.asgi:application"]
+CMD ["python", "manage.py", "serve", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,8 @@ class Stack:
         if self.database == "postgres" or (self.database == "auto" and postgres_available()):
             self._start_postgres()
         self._provision(sim_url)
-        self.toolrelay = self._daphnes("toolrelay", "config.asgi:application", self.django_env())
+        self.toolrelay = self._servers("toolrelay", self.django_env(), lambda port: [
+            self.python, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)])
         self.toolrelay.headers = {"authorization": f"Bearer {self.keys['abort']}"}
         self.bare = self._daphnes("bare", "bench.bare_relay:application", {"BARE_UPSTREAM": sim_url})
         for server in (self.toolrelay, self.bare):
@@ -244,9 +246,15 @@ class Stack:
                       proc=litellm_proc)
 
     def _daphnes(self, name: str, app: str, env: dict[str, str]) -> Server:
+        """``self.processes`` plain Daphne processes serving ``app`` (the bare relay)."""
+        return self._servers(name, env, lambda port: [self.python, "-m", "daphne", "-b", "127.0.0.1", "-p",
+                                                      str(port), app])
+
+    def _servers(self, name: str, env: dict[str, str], argv: Callable[[int], list[str]]) -> Server:
+        """``self.processes`` server processes, each started with ``argv(port)`` on a free port
+        (toolrelay: its launcher, ``manage.py serve``)."""
         ports = [free_port() for _ in range(self.processes)]
-        procs = [self._spawn(f"{name}-{i}", [self.python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app],
-                             env) for i, port in enumerate(ports)]
+        procs = [self._spawn(f"{name}-{i}", argv(port), env) for i, port in enumerate(ports)]
         return Server(name, procs, ports)
 
     def _start_postgres(self) -> None:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -62,19 +63,19 @@ def pyinstrument(args: argparse.Namespace) -> None:
     import bench.harness as harness
 
     scenario, tools = SCENARIOS[args.scenario]
-    original = harness.Stack._daphnes
+    original = harness.Stack._servers
 
-    def profiled(stack: Stack, name: str, app: str, env: dict[str, str]) -> harness.Server:
+    def profiled(stack: Stack, name: str, env: dict[str, str], argv: Any) -> harness.Server:
         if name != "toolrelay":
-            return original(stack, name, app, env)
+            return original(stack, name, env, argv)
         port = harness.free_port()
         report = stack.log_dir / f"pyinstrument-{args.scenario}.txt"
         wrapper = str(Path(__file__).parent / "profiled_daphne.py")
-        argv = [stack.python, wrapper, str(report), "-b", "127.0.0.1", "-p", str(port), app]
-        proc = stack._spawn("toolrelay-0", argv, env)
+        command = [stack.python, wrapper, str(report), "serve", "--host", "127.0.0.1", "--port", str(port)]
+        proc = stack._spawn("toolrelay-0", command, env)
         return harness.Server(name, [proc], [port])
 
-    harness.Stack._daphnes = profiled  # type: ignore[method-assign, assignment]
+    harness.Stack._servers = profiled  # type: ignore[method-assign, assignment]
     with Stack(processes=1, litellm=False, litellm_models=[]) as stack:
         endpoints = stack.toolrelay.endpoints()
         reqs = [{"body": body(scenario, f"p-{i}", tools), "target": 0} for i in range(1_000_000)]

@@ -1,4 +1,5 @@
-"""Daphne under pyinstrument: ``python bench/profiled_daphne.py OUTPUT.txt <daphne arguments>``.
+"""Daphne under pyinstrument: ``python bench/profiled_daphne.py OUTPUT.txt <daphne arguments>``, or
+toolrelay's launcher: ``python bench/profiled_daphne.py OUTPUT.txt serve <manage.py serve arguments>``.
 
 Samples the event loop thread (where the byte path runs) from start to exit and writes pyinstrument's
 text report to OUTPUT.txt when Daphne stops (SIGTERM). Used by ``bench/hotspots.py --profiler
@@ -24,6 +25,14 @@ def main() -> None:
 
     atexit.register(write)
     profiler.start()
+    if sys.argv[1:2] == ["serve"]:
+        import os
+
+        from django.core.management import execute_from_command_line
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+        execute_from_command_line(["manage.py", *sys.argv[1:]])
+        return
     from daphne.cli import CommandLineInterface
 
     CommandLineInterface.entrypoint()

@@ -49,8 +49,14 @@ AUTH_STALE_SECONDS = envfloat("AUTH_STALE_SECONDS", 900.0)
 #: Write ``ApiKey.last_used`` at most this often per key (seconds).
 API_KEY_TOUCH_SECONDS = envint("API_KEY_TOUCH_SECONDS", 300)
 
-#: Proxy limits.
+#: Proxy limits. `manage.py serve` refuses a larger body with 413 as it arrives; the consumer checks
+#: it again (for plain `daphne`, which buffers the whole body first).
 MAX_REQUEST_BYTES = envint("MAX_REQUEST_BYTES", 32 * 1024 * 1024)
+#: `manage.py serve` only (plain `daphne` ignores both): the listening socket's backlog (connections
+#: accepted by the kernel, not yet by the process), and the seconds a request's line and headers may
+#: take from its first byte before the connection is closed (slowloris; 0 turns it off).
+LISTEN_BACKLOG = envint("LISTEN_BACKLOG", 1024)
+HEADER_TIMEOUT_SECONDS = envfloat("HEADER_TIMEOUT_SECONDS", 10.0)
 UPSTREAM_MAX_CONNECTIONS = envint("UPSTREAM_MAX_CONNECTIONS", 1000)
 UPSTREAM_MAX_KEEPALIVE = envint("UPSTREAM_MAX_KEEPALIVE", 100)
 #: Bound on an upstream's Retry-After that the relay honours (seconds).

@@ -29,6 +29,7 @@ from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
+from proxy.server.backpressure import EXTENSION as BACKPRESSURE
 from proxy.upstream import get_client
 from tenants.auth import AuthUnavailable, KeyRefused, Principal, authorize
 
@@ -143,7 +144,9 @@ class ProxyConsumer(AsyncConsumer):
 
     async def _serve(self, body: bytes | None) -> None:
         """Serve one request (``body`` None: too large); every failure becomes an error in the protocol."""
-        response = self.response = ClientResponse(self.send, error_body=self.dialect.error_body)
+        backpressure = (self.scope.get("extensions") or {}).get(BACKPRESSURE)  # only under `manage.py serve`
+        response = self.response = ClientResponse(self.send, error_body=self.dialect.error_body,
+                                                  writable=getattr(backpressure, "wait_writable", None))
         try:
             if body is None:
                 raise RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",

@@ -60,6 +60,9 @@ RETRIES = Counter("toolrelay_retries_total", "Upstream retries by tenant, route,
                   "cause (broken_output, upstream_error).", ["tenant", "route", "upstream", "path", "cause"])
 FINDINGS = Counter("toolrelay_findings_total", "Guard findings by kind.", ["kind"])
 CLIENT_CANCELLED = Counter("toolrelay_client_cancelled_total", "Requests whose client went away mid-response.")
+SERVER_REFUSED = Counter("toolrelay_server_refused_total",
+                         "Requests or connections `manage.py serve` cut short, by reason "
+                         "(body_too_large: 413 before buffering; header_timeout: headers too slow).", ["reason"])
 IN_FLIGHT = Gauge("toolrelay_requests_in_flight", "Requests being relayed.", multiprocess_mode="livesum")
 JOURNAL_BACKLOG = Gauge("toolrelay_journal_backlog_bytes", "Audit journal bytes not yet in the database.",
                         multiprocess_mode="livesum")

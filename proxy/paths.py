@@ -140,9 +140,10 @@ class PassThrough(_Path):
         """Forward every chunk; return the bytes received and the stream's last ``TAIL_BYTES``."""
         # The last chunks covering TAIL_BYTES, joined once at the end (not an 8 KB copy per chunk).
         recent: deque[bytes] = deque()
-        kept, size, send = 0, 0, self.response.send
+        kept, size, send, ready = 0, 0, self.response.send, self.response.ready
         async for chunk in upstream.chunks():
             await send(chunk)
+            await ready()  # a slow reader pauses the upstream read here
             size += len(chunk)
             recent.append(chunk)
             kept += len(chunk)
@@ -199,6 +200,7 @@ class Guarded(_Path):
                 abort = await self._handle(guard.feed(chunk)) or abort
                 if abort is not None and self.policy.early_abort:
                     break
+                await self.response.ready()  # a slow reader pauses the upstream read here
         final = guard.finish()
         await self._handle([e for e in final if not isinstance(e, Done)])
         done = next((e for e in final if isinstance(e, Done)), None)

@@ -61,11 +61,15 @@ class ClientResponse:
     ``error_body`` renders HTTP errors in the client's protocol; ``emitter`` (set once the request is
     understood) renders stream openings, keep-alives and in-stream errors. ``started`` is the
     monotonic time the request arrived; ``ttft`` the seconds to the first non-empty body byte.
+    ``writable`` (optional) returns once the client's connection can take more bytes: the server's
+    ``toolrelay.backpressure`` extension's ``wait_writable`` (``proxy.server.backpressure``), which
+    producers await through ``ready`` before reading more from the upstream.
     """
 
     def __init__(self, send: Send, *, error_body: ErrorBody, request_id: uuid.UUID | None = None,
-                 started: float | None = None) -> None:
+                 started: float | None = None, writable: Callable[[], Awaitable[None]] | None = None) -> None:
         self._send = send
+        self._writable = writable
         self.error_body = error_body
         self.request_id = request_id or uuid.uuid4()
         self.started = time.monotonic() if started is None else started
@@ -86,6 +90,12 @@ class ClientResponse:
     def ended(self) -> bool:
         """True once the last body part went out."""
         return self.phase is Phase.ENDED
+
+    async def ready(self) -> None:
+        """Return once the client can take more bytes: at once without a ``writable`` hook (plain
+        Daphne), else when the hook says so (a slow reader holds the caller here, and so its upstream)."""
+        if self._writable is not None:
+            await self._writable()
 
     # ----- writes -----
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `make run`: migrate, first-run setup, the simulated upstream (unless UPSTREAM_URL is
-# set), then Daphne on 127.0.0.1:$PORT (default 8000). Expects the environment `make run` exports
-# (var/secrets.env).
-# Ctrl-C or SIGTERM stops Daphne and the simulator.
+# set), then toolrelay's Daphne launcher (`manage.py serve`) on 127.0.0.1:$PORT (default 8000).
+# Expects the environment `make run` exports (var/secrets.env).
+# Ctrl-C or SIGTERM stops the server and the simulator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,7 +55,7 @@ if [[ -z "${UPSTREAM_URL:-}" ]]; then
 fi
 
 echo "Serving toolrelay on http://127.0.0.1:${PORT} (Ctrl-C to stop)."
-.venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application &
-daphne_pid=$!
-children+=("$daphne_pid")
-wait "$daphne_pid"
+"$PY" manage.py serve --host 127.0.0.1 --port "$PORT" &
+server_pid=$!
+children+=("$server_pid")
+wait "$server_pid"

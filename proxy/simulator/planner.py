@@ -133,7 +133,7 @@ def _plan_case(ctx: PlanContext) -> Reply:
 def _plan_text(ctx: PlanContext) -> Reply:
     slow = ctx.scenario.mode == "slow"
     count = ctx.scenario.int_value() if ctx.scenario.value else 100
-    turn = text_turn(ctx.body, count, ctx.rng("turn"))
+    turn = text_turn(ctx.body, count, ctx.rng("turn"), ctx.scenario.get_int("piece", 0))
     reply = _turn_reply(ctx, turn, None)
     gap = ctx.seconds("frame", 100 if slow else ctx.config.frame_ms)
     return _timed(reply, first_byte_delay=ctx.seconds("ttft", ctx.config.ttft_ms), frame_gap=gap)

@@ -14,8 +14,8 @@ _GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning
 MODE_OPTIONS: dict[str, frozenset[str]] = {
     "gen": _GEN | {"corrupt", "kinds"},
     "case": frozenset({"broken", "ttft", "frame"}),
-    "text": frozenset({"ttft", "frame", "seed"}),
-    "slow": frozenset({"ttft", "frame", "seed"}),
+    "text": frozenset({"ttft", "frame", "seed", "piece"}),
+    "slow": frozenset({"ttft", "frame", "seed", "piece"}),
     "http": _GEN | {"retry-after"},
     "stall-first-byte": _GEN,
     "stall-after": _GEN | {"ms"},

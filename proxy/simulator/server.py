@@ -30,6 +30,9 @@ from proxy.simulator.scenario import Scenario, ScenarioError, parse_scenario
 _COMPLETIONS = ("/v1/chat/completions", "/chat/completions")
 _MODELS = ("/v1/models", "/models")
 _SECRET_HEADERS = ("authorization", "x-api-key", "api-key")
+#: Unpaced frames go out in writes of about this many bytes: one syscall for a short stream, and a
+#: long one shows its progress in ``bytes_sent`` (and waits in ``drain`` for a slow reader) as it goes.
+BATCH_BYTES = 64 * 1024
 
 
 def make_config(
@@ -287,6 +290,8 @@ async def _write(conn: Connection, reply: Reply, record: dict[str, Any], *, keep
         if due > time.monotonic() and not (await out.flush() and await conn.pause_until(due)):
             return False
         out.add(piece)
+        if len(out.data) >= BATCH_BYTES and not await out.flush():
+            return False
     if reply.drop_after is not None:
         await out.flush()
         conn.drop()
@@ -296,8 +301,9 @@ async def _write(conn: Connection, reply: Reply, record: dict[str, Any], *, keep
 
 
 class _Batch:
-    """Frames due at the same moment go out in one write (one syscall, not one per frame), which
-    keeps unpaced benchmark streams cheap; paced frames are flushed one by one as they fall due."""
+    """Frames due at the same moment go out in one write of up to ``BATCH_BYTES`` (one syscall, not
+    one per frame), which keeps unpaced benchmark streams cheap; paced frames are flushed one by one
+    as they fall due."""
 
     def __init__(self, conn: Connection, record: dict[str, Any], first: bytes) -> None:
         self.conn, self.record = conn, record

@@ -103,10 +103,13 @@ def make_call(name: str, arguments: dict[str, Any], rng: random.Random, *, numbe
     return call
 
 
-def text_pieces(count: int, rng: random.Random) -> list[str]:
-    """``count`` short tokens (the first without a leading space), ending in a full stop."""
+def text_pieces(count: int, rng: random.Random, size: int = 0) -> list[str]:
+    """``count`` short tokens (the first without a leading space), ending in a full stop; with
+    ``size``, each token repeated to ``size`` characters (long fast streams in few frames)."""
     words = [rng.choice(_WORDS) for _ in range(count)]
     pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    if size > 0:
+        pieces = [(p * (size // len(p) + 1))[:size] for p in pieces]
     if pieces:
         pieces[-1] += "."
         pieces[0] = pieces[0].capitalize()
@@ -136,10 +139,11 @@ def generate_turn(body: dict[str, Any], options: GenOptions, rng: random.Random)
     return turn
 
 
-def text_turn(body: dict[str, Any], frames: int, rng: random.Random) -> Turn:
-    """A tool-less text turn of ``frames`` content pieces (the pass-through profile)."""
+def text_turn(body: dict[str, Any], frames: int, rng: random.Random, piece_size: int = 0) -> Turn:
+    """A tool-less text turn of ``frames`` content pieces (the pass-through profile), each
+    ``piece_size`` characters long when given (else one short token)."""
     turn = new_turn(body, rng)
-    turn.content = text_pieces(frames, rng)
+    turn.content = text_pieces(frames, rng, piece_size)
     finish(turn, body)
     return turn
 

@@ -1,5 +1,6 @@
-"""End-to-end fixtures: the proxy served by a real Daphne process, the simulator as its upstream,
-the test database (Postgres in CI) shared between this process and Daphne.
+"""End-to-end fixtures: the proxy served by a real Daphne process under toolrelay's launcher
+(``manage.py serve``), the simulator as its upstream, the test database (Postgres in CI) shared
+between this process and the server.
 
 Rows are created and read outside test transactions (``django_db_blocker.unblock()``), so the Daphne
 process sees them; every test makes its own tenant, so tests do not depend on each other.
@@ -7,6 +8,7 @@ process sees them; every test makes its own tenant, so tests do not depend on ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -61,7 +63,7 @@ def simulator() -> Iterator[Any]:
 
 @dataclass
 class ProxyServer:
-    """A running Daphne serving ``config.asgi:application``."""
+    """A running ``manage.py serve`` (Daphne under toolrelay's launcher) serving ``config.asgi``."""
 
     url: str
     process: subprocess.Popen[bytes]
@@ -71,48 +73,69 @@ class ProxyServer:
     def v1(self) -> str:
         return f"{self.url}/v1"
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
-@pytest.fixture(scope="session")
-def proxy_server(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[ProxyServer]:
-    """Daphne on a free port, against the test database."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("daphne") / "daphne.log"
-    with django_db_blocker.unblock():
-        database_url = _database_url()
+
+@contextlib.contextmanager
+def running_proxy(database_url: str, log: Path, *, listening: socket.socket | None = None,
+                  **settings: str) -> Iterator[ProxyServer]:
+    """``manage.py serve`` on a free port (or on the inherited socket ``listening``, ``--fd``) against
+    ``database_url``, with the e2e environment plus ``settings`` (environment variables), its audit
+    journal in ``journal/`` beside ``log``; stopped (SIGTERM, then SIGKILL after 10 s) on exit."""
+    port = _free_port() if listening is None else int(listening.getsockname()[1])
+    where = ["--host", "127.0.0.1", "--port", str(port)] if listening is None else ["--fd", str(listening.fileno())]
+    journal = log.parent / "journal"
+    journal.mkdir(exist_ok=True)
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
            "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
-           "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(tmp_path_factory.mktemp("journal")),
-           "JOURNAL_BATCH_SECONDS": "0.02", "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK}
-    handle = log.open("wb")
-    process = subprocess.Popen(  # noqa: S603 - fixed argv
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
-        cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
-    )
-    server = ProxyServer(f"http://127.0.0.1:{port}", process, log)
-    try:
-        _wait_ready(server)
-        yield server
-    finally:
-        process.terminate()
+           "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(journal), "JOURNAL_BATCH_SECONDS": "0.02",
+           "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK, **settings}
+    # --skip-checks: the tests run with the placeholder SECRET_KEY and no CREDENTIAL_KEYS (as this
+    # process does, which encrypts the credentials the server decrypts), which the checks refuse.
+    with log.open("wb") as handle:
+        process = subprocess.Popen(  # noqa: S603 - fixed argv
+            [sys.executable, "manage.py", "serve", "--skip-checks", *where], cwd=ROOT, env=env, stdout=handle,
+            stderr=subprocess.STDOUT, pass_fds=() if listening is None else (listening.fileno(),),
+        )
+        server = ProxyServer(f"http://127.0.0.1:{port}", process, log)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        handle.close()
+            _wait_ready(server)
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def e2e_database_url(django_db_setup: Any, django_db_blocker: Any) -> str:
+    """The test database's URL, for server processes."""
+    with django_db_blocker.unblock():
+        return _database_url()
+
+
+@pytest.fixture(scope="session")
+def proxy_server(e2e_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyServer]:
+    """The launcher on a free port, against the test database, with the default limits."""
+    with running_proxy(e2e_database_url, tmp_path_factory.mktemp("serve") / "serve.log") as server:
+        yield server
 
 
 def _wait_ready(server: ProxyServer) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"daphne exited: {server.log.read_text()}")
+            raise RuntimeError(f"manage.py serve exited: {server.log.read_text()}")
         try:
             if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             time.sleep(0.1)
-    raise RuntimeError(f"daphne did not become ready: {server.log.read_text()}")
+    raise RuntimeError(f"manage.py serve did not become ready: {server.log.read_text()}")
 
 
 @dataclass

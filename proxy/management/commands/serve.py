@@ -1,0 +1,82 @@
+"""``manage.py serve --host H --port P [--fd N]``: toolrelay under its own Daphne launcher.
+
+Daphne plus what has to live below ASGI (``proxy.server``): the request body limit checked as the
+body arrives (``MAX_REQUEST_BYTES``), backpressure from the client's socket to the relay, the
+listen backlog (``LISTEN_BACKLOG``) and the request-header deadline (``HEADER_TIMEOUT_SECONDS``).
+Plain ``daphne config.asgi:application`` still works, without them (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+if TYPE_CHECKING:
+    from proxy.server.protocol import Limits
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+class Command(BaseCommand):
+    help = ("Serve toolrelay (config.asgi) with Daphne plus early request limits, backpressure, the listen "
+            "backlog and the header deadline. Binds --host/--port (default 127.0.0.1:8000) and/or --fd.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=None, help=f"address to bind (default {DEFAULT_HOST})")
+        parser.add_argument("--port", type=int, default=None, help=f"TCP port (default {DEFAULT_PORT} without --fd)")
+        parser.add_argument("--fd", type=int, default=None,
+                            help="serve on this inherited listening socket (e.g. 3 from systemd)")
+        parser.add_argument("--proxy-headers", action="store_true",
+                            help="take the client address and scheme from X-Forwarded-For/-Port/-Proto")
+        parser.add_argument("--no-access-log", action="store_true", help="no access log line per request on stdout")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from proxy.server.compat import UnsupportedServer, check_supported
+
+        try:
+            check_supported()
+        except UnsupportedServer as exc:
+            raise CommandError(str(exc)) from None
+        from proxy.server.launcher import serve  # installs Twisted's asyncio reactor
+
+        host, port, fd = options["host"], options["port"], options["fd"]
+        if port is None and fd is None:
+            port = DEFAULT_PORT
+        if port is not None:
+            host = host or DEFAULT_HOST
+        elif host is not None:
+            raise CommandError("--host needs --port")
+        limits, backlog = _limits()
+
+        from channels.routing import get_default_application
+
+        where = ", ".join([*([f"http://{host}:{port}"] if port is not None else []),
+                           *([f"fd {fd}"] if fd is not None else [])])
+        self.stdout.write(f"toolrelay serving on {where} (MAX_REQUEST_BYTES={limits.max_request_bytes}, "
+                          f"HEADER_TIMEOUT_SECONDS={limits.header_timeout:g}, LISTEN_BACKLOG={backlog})")
+        self.stdout.flush()
+        try:
+            status = serve(get_default_application(), host=host, port=port, fd=fd, limits=limits, backlog=backlog,
+                           proxy_headers=options["proxy_headers"], access_log=not options["no_access_log"],
+                           verbosity=options["verbosity"])
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {where}: {exc}") from None
+        if status:
+            raise CommandError(f"could not listen on {where} (see the log above)")
+
+
+def _limits() -> tuple[Limits, int]:
+    """The launcher's ``Limits`` and the backlog from settings; ``CommandError`` on values out of range."""
+    from proxy.server.protocol import Limits
+
+    if settings.MAX_REQUEST_BYTES < 1:
+        raise CommandError(f"MAX_REQUEST_BYTES={settings.MAX_REQUEST_BYTES} must be at least 1")
+    if settings.HEADER_TIMEOUT_SECONDS < 0:
+        raise CommandError(f"HEADER_TIMEOUT_SECONDS={settings.HEADER_TIMEOUT_SECONDS} must be 0 (off) or more")
+    if settings.LISTEN_BACKLOG < 1:
+        raise CommandError(f"LISTEN_BACKLOG={settings.LISTEN_BACKLOG} must be at least 1")
+    limits = Limits(max_request_bytes=settings.MAX_REQUEST_BYTES, header_timeout=settings.HEADER_TIMEOUT_SECONDS)
+    return limits, settings.LISTEN_BACKLOG

@@ -1,0 +1,73 @@
+"""``serve()``: Daphne's ``Server`` with the launcher's HTTP classes, scope extension and listen backlog.
+
+Imported only to serve: importing Daphne's server module installs Twisted's asyncio reactor, which
+has to happen before anything imports ``twisted.internet.reactor`` (as ``daphne.cli`` does).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from daphne.server import Server  # isort: skip - first: installs Twisted's asyncio reactor
+from daphne.access import AccessLogGenerator
+
+from proxy.server.backpressure import EXTENSION
+from proxy.server.compat import check_supported
+from proxy.server.listen import endpoint_strings
+from proxy.server.protocol import LimitedHTTPFactory, Limits
+
+
+class LimitedServer(Server):  # type: ignore[misc]  # Daphne is untyped
+    """Daphne's server serving ``LimitedHTTPFactory`` and the ``toolrelay.backpressure`` extension.
+
+    ``Server.run`` builds its HTTP factory inline (``self.http_factory = HTTPFactory(self)``, Daphne
+    4.1 to 4.2.3) and has no hook for another class, so ``http_factory`` is a property whose setter
+    puts ``LimitedHTTPFactory`` in place of Daphne's: the rest of ``run`` (listening, timeouts,
+    application checks, shutdown) stays Daphne's own.
+    """
+
+    def __init__(self, application: Any, *, limits: Limits, **kwargs: Any) -> None:
+        self.limits = limits
+        self._http_factory: LimitedHTTPFactory | None = None
+        super().__init__(application, **kwargs)
+
+    @property
+    def http_factory(self) -> LimitedHTTPFactory | None:
+        """The HTTP factory ``run`` listens with (always a ``LimitedHTTPFactory``)."""
+        return self._http_factory
+
+    @http_factory.setter
+    def http_factory(self, factory: Any) -> None:
+        if not isinstance(factory, LimitedHTTPFactory):
+            factory = LimitedHTTPFactory(self, self.limits)
+        self._http_factory = factory
+
+    def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+        """Daphne's, with ``scope["extensions"]["toolrelay.backpressure"]`` for the request's producer."""
+        backpressure = getattr(protocol, "backpressure", None)
+        if backpressure is not None:
+            scope["extensions"] = {**scope.get("extensions", {}), EXTENSION: backpressure}
+        return super().create_application(protocol, scope)
+
+
+def serve(application: Callable[..., Any], *, host: str | None, port: int | None, fd: int | None,
+          limits: Limits, backlog: int, proxy_headers: bool = False, access_log: bool = True,
+          verbosity: int = 1) -> int:
+    """Serve ``application`` until the reactor stops (SIGINT / SIGTERM); return the exit status (1 when
+    listening failed). ``UnsupportedServer`` for a Daphne the launcher was not written for; ``OSError``
+    when ``fd`` is not a listening socket."""
+    check_supported()
+    server = LimitedServer(
+        application,
+        limits=limits,
+        endpoints=endpoint_strings(host=host, port=port, fd=fd, backlog=backlog),
+        action_logger=AccessLogGenerator(sys.stdout) if access_log else None,
+        verbosity=verbosity,
+        proxy_forwarded_address_header="X-Forwarded-For" if proxy_headers else None,
+        proxy_forwarded_port_header="X-Forwarded-Port" if proxy_headers else None,
+        proxy_forwarded_proto_header="X-Forwarded-Proto" if proxy_headers else None,
+    )
+    server.run()
+    return 1 if server.abort_start else 0
