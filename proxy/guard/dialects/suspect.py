@@ -1,0 +1,43 @@
+"""Call-like text that no dialect recognised: a declared tool name next to call syntax.
+
+Released text is scanned once at the end of a channel for a declared tool's name used the way
+tool-call syntaxes use it: ``name(arg=`` / ``name({``, ``"name": "tool"``, ``<tool>`` tags,
+``name="tool"`` attributes, ``functions.tool``, ``tool{"`` / ``tool[ARGS]``, ``"tool": {``. Each
+hit becomes an ``unrecognized-markup`` finding (non-fatal: the text was delivered as text), so a
+family the library does not know yet shows up in the audit the first day a model emits it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not names:
+        return None
+    n = "(?:" + "|".join(re.escape(x) for x in sorted(names, key=len, reverse=True)) + ")"
+    forms = [
+        rf"(?<![\w.]){n}\s*\(\s*(?:\)|[A-Za-z_]\w*\s*[=:]|[\"'{{\[\d])",
+        rf"[\"'](?:name|tool_name|function|tool|function_name|recipient)[\"']\s*:\s*[\"'](?:functions\.)?{n}[\"']",
+        rf"<\s*/?\s*{n}(?=[\s>/])",
+        rf"\bname\s*=\s*[\"']?{n}[\"'>\s]",
+        rf"(?:functions\.|to=|call:){n}\b",
+        rf"(?<![\w.]){n}(?:\[ARGS\]|\s*\{{\s*[\"\w])",
+        rf"[\"']{n}[\"']\s*:\s*\{{",
+    ]
+    return re.compile("|".join(f"(?:{f})" for f in forms))
+
+
+def suspicious(text: str, names: frozenset[str], limit: int = 5) -> list[tuple[int, int]]:
+    """Up to ``limit`` (start, end) spans of ``text`` where a declared tool looks called."""
+    pattern = _pattern(tuple(sorted(names)))
+    if pattern is None or not text:
+        return []
+    spans = []
+    for m in pattern.finditer(text):
+        spans.append((m.start(), m.end()))
+        if len(spans) >= limit:
+            break
+    return spans
