@@ -61,7 +61,8 @@ def _fn_call(family_of_params: str, family_of_json: str) -> Callable[[str, Ctx],
 
 def _function_name_attr(body: str, ctx: Ctx) -> Parsed:
     calls = xmlish.function_tags("<function name=" + body, ctx)
-    return Parsed("minicpm" if "<param" in body else "function_json", calls)
+    inner = body.partition(">")[2].lstrip()
+    return Parsed("function_json" if inner.startswith("{") else "minicpm", calls)
 
 
 def _seed(body: str, ctx: Ctx) -> Parsed:
@@ -94,6 +95,11 @@ def _gemma_bare(body: str, ctx: Ctx) -> Parsed:
     text = "call" + body
     quote = '<|"|>' if '<|"|>' in body else "<escape>"
     return Parsed("gemma4", [tokens._gemma_call(text, quote)])
+
+
+def _dsml_invoke(body: str, ctx: Ctx) -> Parsed:
+    """A DSML ``invoke`` without its section (sgl-project/sglang#40236)."""
+    return xmlish.dsml("<|DSML|invoke" + body + "</|DSML|invoke>", ctx)
 
 
 def _dots(body: str, ctx: Ctx) -> Parsed:
@@ -138,8 +144,10 @@ DIALECTS: tuple[Dialect, ...] = (
     Dialect("kimi_k2", ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"), tokens.special,
             closers=("<|tool_calls_section_end|>", "<|tool_call_section_end|>"), fuzzy=True),
     Dialect("kimi_k2", ("<|tool_call_begin|>",), tokens.special, closers=("<|tool_call_end|>",), fuzzy=True),
-    *(Dialect("deepseek_dsml", (f"<{b}DSML{b}{tag}",), xmlish.dsml, closers=(f"</{b}DSML{b}{tag}",), fuzzy=True)
-      for b in _BARS for tag in ("function_calls>", "tool_calls>", "invoke")),
+    *(Dialect("deepseek_dsml", (f"<{b}DSML{b}{tag}>",), xmlish.dsml, closers=(f"</{b}DSML{b}{tag}>",), fuzzy=True)
+      for b in _BARS for tag in ("function_calls", "tool_calls")),
+    *(Dialect("deepseek_dsml", (f"<{b}DSML{b}invoke",), _dsml_invoke, closers=(f"</{b}DSML{b}invoke>",), fuzzy=True)
+      for b in _BARS),
     Dialect("minimax", ("<minimax:tool_call>",), xmlish.minimax, closers=("</minimax:tool_call>",)),
     Dialect("minimax_m3", ("]<]minimax[>[",), xmlish.minimax_m3, closers=("</tool_call>",),
             plausible=lambda b, c: starts_any(b, ("<tool_call>", "<invoke"))),

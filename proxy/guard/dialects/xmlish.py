@@ -77,7 +77,7 @@ def invokes(body: str, ctx: Ctx) -> list[Any]:
     calls = []
     for m in _INVOKE.finditer(body):
         name = m.group(1).strip()
-        args = {p.group(2): typed(ctx, name, p.group(2), html.unescape(p.group(4)), p.group(3))
+        args = {p.group(2): typed(ctx, name, p.group(2), p.group(4), p.group(3))
                 for p in _NAMED_PARAM.finditer(m.group(2))}
         calls.append(make_call(name, args))
     if not calls:
