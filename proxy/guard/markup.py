@@ -72,9 +72,7 @@ class MarkupScanner:
         self._buf = ""  # released-text tail that may still start a marker
         self._block: Block | None = None
         self._before = ""  # the last character released (word markers must start a word)
-        self._edge = True  # at the start of the channel or right after a block: whitespace is held
-        self._ws = ""
-        self._blocks = 0
+
         self._released: list[str] = []
         self._marks: list[int] = []  # offset in the released text where each frame's text starts
         self._frames: list[int | None] = []
@@ -98,18 +96,20 @@ class MarkupScanner:
         the held tail is released, and released text is checked for unrecognised call syntax."""
         out, w = ScanResult(), where or Where()
         if self._lead.active:
+            raw = self._lead.held
             text, parsed = self._lead.finish()
             if parsed is not None:
-                self._recovered(parsed, "", text or "", out, w, closed=True)
-            elif text:
+                self._recovered(parsed, "", raw, out, w, closed=True)
+            if text:
                 self._scan(text, out, w)
         if self._block is not None:
             block, self._block = self._block, None
-            self._close(block, len(block.text), out, w, closed=False)
-        if self._buf or not (self._edge and self._blocks):
-            self._release(self._ws, out)  # layout only when nothing but the end follows a block
+            end = block.final_end()
+            self._close(block, end, out, w, closed=end < len(block.text))
+            if end < len(block.text):
+                self._scan(block.text[end:], out, w)
         self._release(self._buf, out)
-        self._buf = self._ws = ""
+        self._buf = ""
         self._suspects(out)
         return out
 
@@ -121,32 +121,10 @@ class MarkupScanner:
             rest = self._in_block(rest, out, where) if self._block is not None else self._outside(rest, out)
 
     def _outside(self, text: str, out: ScanResult) -> str | None:
-        """Release text up to an opener (or a possible one); the text after an opener, or None.
-
-        Whitespace between blocks, before the first one at the start of the channel and after
-        the last one at its end is template layout, not text: it is held and dropped.
-        """
+        """Release text up to an opener (or a possible one); the text after an opener, or None."""
         buf = self._buf + text if self._buf else text
         self._buf = ""
-        if self._edge:
-            stripped = buf.lstrip()
-            self._ws += buf[: len(buf) - len(stripped)]
-            if not stripped:
-                return None
-            buf = stripped
         hit = matcher.find(buf, self._before)
-        if self._edge:
-            if hit is not None and hit[0] == 0:
-                if hit[2] is not None:
-                    self._ws = ""  # layout around a block
-                    self._edge = False
-                else:
-                    self._buf = buf
-                    return None
-            else:
-                self._edge = False
-                self._release(self._ws, out)
-                self._ws = ""
         if hit is None:
             self._release(buf, out)
             return None
@@ -172,7 +150,6 @@ class MarkupScanner:
             return None
         self._block = None
         self._close(block, end, out, where, closed=True)
-        self._edge = True
         return block.text[end:] or None
 
     def _close(self, block: Block, end: int, out: ScanResult, where: Where, *, closed: bool) -> None:
@@ -205,7 +182,6 @@ class MarkupScanner:
                   else f"{len(parsed.calls)} tool call(s) recovered from {parsed.family} markup in text{tail}")
         self._finding(out, kind, action, where, text or "", detail)
         out.calls.extend(parsed.calls)
-        self._blocks += 1
 
     def _release(self, text: str, out: ScanResult) -> None:
         if text:

@@ -146,7 +146,7 @@ def call_from_obj(obj: Any) -> ToolCall:
     name = next((obj[k] for k in NAME_KEYS if isinstance(obj.get(k), str)), None)
     if name is None:
         raise MarkupError("JSON without a tool name")
-    args = next((obj[k] for k in ARG_KEYS if k in obj), {})
+    args: Any = next((obj[k] for k in ARG_KEYS if k in obj), {})
     return make_call(name, args)
 
 
@@ -183,7 +183,7 @@ def starts_any(body: str, options: tuple[str, ...]) -> bool | None:
 _IDENT = re.compile(r"[A-Za-z_][\w.\-]*")
 
 
-def leading_name(body: str, ctx: Ctx, after: str, *, declared: bool = False) -> bool | None:
+def leading_name(body: str, ctx: Ctx, after: tuple[str, ...], *, declared: bool = False) -> bool | None:
     """Plausibility of a body that starts with a tool name followed by one of the ``after`` strings.
 
     With ``declared`` the name must be a declared tool (weak markers); otherwise any identifier
@@ -200,4 +200,4 @@ def leading_name(body: str, ctx: Ctx, after: str, *, declared: bool = False) -> 
         return None
     if declared and name not in ctx.names:
         return False
-    return starts_any(rest, tuple(after)) if rest.strip() else None
+    return starts_any(rest, after) if rest.strip() else None

@@ -102,6 +102,10 @@ class Block:
                 return found
         return self._end_of_closer() if self.dialect.closers else None
 
+    def final_end(self) -> int:
+        """At the end of the stream: where an unclosed block ends (after its last complete value)."""
+        return self._last_end if self.dialect.value_end and self._last_end > 0 else len(self.text)
+
     def _end_of_closer(self) -> int | None:
         hay = self._norm if self.dialect.fuzzy else self.text
         longest = max(len(c) for c in self.dialect.closers)

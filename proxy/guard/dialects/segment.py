@@ -58,7 +58,11 @@ class WholeSegment:
             parsed = parse_segment(text, self.ctx)
         except (MarkupError, ValueError, RecursionError):
             return text, None
-        return ("", parsed) if parsed is not None else (text, None)
+        if parsed is None:
+            return text, None
+        stripped = text.strip()
+        at = text.find(stripped)
+        return text[:at] + text[at + len(stripped) :], parsed  # the whitespace around stays text
 
     def _plausible(self) -> bool | None:
         if len(self.held) > BLOCK_CAP:

@@ -22,7 +22,7 @@ def _pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
         rf"(?<![\w.]){n}\s*\(\s*(?:\)|[A-Za-z_]\w*\s*[=:]|[\"'{{\[\d])",
         rf"[\"'](?:name|tool_name|function|tool|function_name|recipient)[\"']\s*:\s*[\"'](?:functions\.)?{n}[\"']",
         rf"<\s*/?\s*{n}(?=[\s>/])",
-        rf"\bname\s*=\s*[\"']?{n}[\"'>\s]",
+        rf"\b(?:name|tool|tool_name|function|recipient)\s*=\s*[\"']?(?:functions\.)?{n}[\"'>\s]",
         rf"(?:functions\.|to=|call:){n}\b",
         rf"(?<![\w.]){n}(?:\[ARGS\]|\s*\{{\s*[\"\w])",
         rf"[\"']{n}[\"']\s*:\s*\{{",

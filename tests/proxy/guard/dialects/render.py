@@ -54,7 +54,7 @@ def qwen3_coder(calls: Calls) -> str:
     for n, a in calls:
         params = "".join(f"<parameter={k}>\n{_t(v)}\n</parameter>\n" for k, v in a.items())
         out.append(f"<tool_call>\n<function={n}>\n{params}</function>\n</tool_call>")
-    return "\n".join(out)
+    return "".join(out)
 
 
 def function_json(calls: Calls) -> str:
@@ -120,7 +120,7 @@ def granite(calls: Calls) -> str:
 
 
 def granite_20b_fc(calls: Calls) -> str:
-    return " ".join(f"<function_call> {_j({'name': n, 'arguments': a})}" for n, a in calls)
+    return "".join(f"<function_call> {_j({'name': n, 'arguments': a})}" for n, a in calls)
 
 
 def internlm2(calls: Calls) -> str:
@@ -198,12 +198,12 @@ def minimax_m3(calls: Calls) -> str:
 
 
 def harmony(calls: Calls) -> str:
-    return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{_j(a)}<|call|>"
-                   for n, a in calls)
+    head = "<|start|>assistant<|channel|>commentary to=functions."
+    return "".join(f"{head}{n} <|constrain|>json<|message|>{_j(a)}<|call|>" for n, a in calls)
 
 
 def harmony_stripped(calls: Calls) -> str:
-    return "\n".join(f"to=functions.{n} json{_j(a)}" for n, a in calls)
+    return "".join(f"to=functions.{n} json{_j(a)}" for n, a in calls)
 
 
 def seed_oss(calls: Calls) -> str:
@@ -217,7 +217,7 @@ def longcat(calls: Calls) -> str:
 
 
 def phi4_mini(calls: Calls) -> str:
-    return " functools" + _j([{"name": n, "arguments": a} for n, a in calls])
+    return "functools" + _j([{"name": n, "arguments": a} for n, a in calls])
 
 
 def phi4_mini_tags(calls: Calls) -> str:
@@ -229,8 +229,10 @@ def gemma_tool_code(calls: Calls) -> str:
 
 
 def function_gemma(calls: Calls) -> str:
-    return "".join("<start_function_call>call:" + n + "{" + ",".join(f"{k}:{_gemma(v, '<escape>')}" for k, v in a.items())
-                   + "}<end_function_call>" for n, a in calls)
+    def args(a: dict[str, Any]) -> str:
+        return ",".join(f"{k}:{_gemma(v, '<escape>')}" for k, v in a.items())
+
+    return "".join("<start_function_call>call:" + n + "{" + args(a) + "}<end_function_call>" for n, a in calls)
 
 
 _GQ = '<|"|>'
@@ -278,7 +280,7 @@ def minicpm(calls: Calls) -> str:
 
 
 def qwen_agent(calls: Calls) -> str:
-    return "".join(f"✿FUNCTION✿: {n}\n✿ARGS✿: {_j(a)}\n" for n, a in calls)
+    return "".join(f"✿FUNCTION✿: {n}\n✿ARGS✿: {_j(a)}" for n, a in calls)
 
 
 def hermes_tools_tag(calls: Calls) -> str:
