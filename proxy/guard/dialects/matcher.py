@@ -17,6 +17,7 @@ from proxy.guard.dialects.registry import DIALECTS
 from proxy.guard.dialects.tokens import NORM
 
 _FUZZY = {"|": "[|｜‖]", "_": "[_▁]"}
+_FUZZY_CHARS = {"|": "｜‖", "_": "▁"}
 
 
 def _atoms(opener: str, fuzzy: bool) -> list[str]:
@@ -32,16 +33,16 @@ def _prefixes(atoms: list[str]) -> str:
 
 
 def _build() -> tuple[re.Pattern[str], dict[str, re.Pattern[str]], dict[str, Dialect], frozenset[str],
-                      dict[str, tuple[tuple[str, Dialect], ...]], frozenset[str]]:
-    """The first-character filter, one opener regex per first character, the opener tables.
+                      dict[str, tuple[tuple[str, Dialect], ...]], frozenset[str], frozenset[str]]:
+    """The first-character filter, one opener regex per first two characters, the opener tables.
 
-    Symbol openers (``<tool_call>``, ``[TOOL_CALLS]``) are found by their first character. A word
-    opener (``functools``, ``to``, ``call``, ``Action``) is found by the character its body starts
-    with (``Dialect.anchor``) preceded by the word at a word start: prose letters never cost a
-    regex attempt.
+    Symbol openers (``<tool_call>``, ``[TOOL_CALLS]``) are found by their first two characters
+    (``<b`` of HTML costs one dictionary look-up). A word opener (``functools``, ``to``, ``call``,
+    ``Action``) is found by the character its body starts with (``Dialect.anchor``) preceded by
+    the word at a word start: prose letters never cost a regex attempt.
     """
     openers: dict[str, Dialect] = {}
-    by_first: dict[str, tuple[list[str], list[str]]] = {}
+    by_pair: dict[str, tuple[list[str], list[str]]] = {}
     words: dict[str, list[tuple[str, Dialect]]] = {}
     for d in DIALECTS:
         for opener in d.openers:
@@ -50,25 +51,28 @@ def _build() -> tuple[re.Pattern[str], dict[str, re.Pattern[str]], dict[str, Dia
                     raise ValueError(f"word opener {opener!r} needs letters only and an anchor")
                 words.setdefault(d.anchor, []).append((opener, d))
                 continue
-            if opener[0].isalnum():
-                raise ValueError(f"opener {opener!r} starts with a letter: declare it a word opener")
+            if opener[0].isalnum() or len(opener) < 2:
+                raise ValueError(f"opener {opener!r}: a symbol opener of two or more characters, or a word opener")
             openers.setdefault(opener, d)
             atoms = _atoms(opener, d.fuzzy)
-            full, partial = by_first.setdefault(opener[0], ([], []))
-            full.append("".join(atoms))
-            partial.append(_prefixes(atoms) if len(atoms) > 1 else "(?!)")
+            seconds = [opener[1]] + (list(_FUZZY_CHARS[opener[1]]) if d.fuzzy and opener[1] in _FUZZY_CHARS else [])
+            for second in seconds:
+                full, partial = by_pair.setdefault(opener[0] + second, ([], []))
+                full.append("".join(atoms))
+                partial.append(_prefixes(atoms))
     tables = {}
-    for first, (full, partial) in by_first.items():
-        ordered = sorted(full, key=len, reverse=True)
-        tables[first] = re.compile("(?P<o>" + "|".join(ordered) + ")|(?P<p>(?:" + "|".join(partial) + "))\\Z")
-    chars = "".join(re.escape(c) for c in sorted(set(by_first) | set(words)))
+    for pair, (full, partial) in by_pair.items():
+        ordered = sorted(set(full), key=len, reverse=True)
+        tables[pair] = re.compile("(?P<o>" + "|".join(ordered) + ")|(?P<p>(?:" + "|".join(partial) + "))\\Z")
+    firsts = {p[0] for p in by_pair}
+    chars = "".join(re.escape(c) for c in sorted(firsts | set(words)))
     proper = frozenset(o[:i] for o in openers for i in range(1, len(o)))
     held = frozenset(w[:i] for ws in words.values() for w, _ in ws for i in range(1, len(w) + 1))
     return (re.compile(f"[{chars}]"), tables, openers, proper,
-            {k: tuple(sorted(v, key=lambda x: -len(x[0]))) for k, v in words.items()}, held)
+            {k: tuple(sorted(v, key=lambda x: -len(x[0]))) for k, v in words.items()}, held, frozenset(firsts))
 
 
-_FIRST, _BY_FIRST, OPENERS, _PROPER, _WORDS, _WORD_PREFIXES = _build()
+_FIRST, _BY_PAIR, OPENERS, _PROPER, _WORDS, _WORD_PREFIXES, _SYMBOL_FIRSTS = _build()
 _LETTERS = "".join(sorted({c for p in _WORD_PREFIXES for c in p}))
 
 
@@ -99,15 +103,18 @@ def find(text: str, before: str = "") -> Hit | None:
             at = start - len(word)
             if at >= 0 and text.startswith(word, at) and not _word(text[at - 1] if at else before or " "):
                 return (at, start, dialect)
-        table = _BY_FIRST.get(ch)
-        m = table.match(text, start) if table is not None else None
-        if m is not None:
-            if m.lastgroup == "p":
-                return (start, len(text), None)
-            key = m.group().translate(NORM)
-            if m.end() == len(text) and key in _PROPER:
-                return (start, len(text), None)
-            return (start, m.end(), OPENERS[key])
+        if ch in _SYMBOL_FIRSTS:
+            if start + 1 == len(text):
+                return (start, len(text), None)  # a lone first character at the end may open one
+            table = _BY_PAIR.get(text[start : start + 2])
+            m = table.match(text, start) if table is not None else None
+            if m is not None:
+                if m.lastgroup == "p":
+                    return (start, len(text), None)
+                key = m.group().translate(NORM)
+                if m.end() == len(text) and key in _PROPER:
+                    return (start, len(text), None)
+                return (start, m.end(), OPENERS[key])
         pos = start + 1
 
 
