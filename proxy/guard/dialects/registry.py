@@ -149,7 +149,9 @@ DIALECTS: tuple[Dialect, ...] = (
     *(Dialect("deepseek_dsml", (f"<{b}DSML{b}invoke",), _dsml_invoke, closers=(f"</{b}DSML{b}invoke>",), fuzzy=True)
       for b in _BARS),
     Dialect("minimax", ("<minimax:tool_call>",), xmlish.minimax, closers=("</minimax:tool_call>",)),
-    Dialect("minimax_m3", ("]<]minimax[>[",), xmlish.minimax_m3, closers=("</tool_call>",),
+    # MiniMax-M3's namespace token is ``]<]minimax[>[``; its opener is matched from the ``<`` so that
+    # a ``]`` ending a delta (common in text) is never held back: the first ``]`` stays text.
+    Dialect("minimax_m3", ("<]minimax[>[",), xmlish.minimax_m3, closers=("</tool_call>",),
             plausible=lambda b, c: starts_any(b, ("<tool_call>", "<invoke"))),
     Dialect("qwen3_coder", ("<function=",), _fn_call("qwen3_coder", "function_json"), closers=("</function>",),
             plausible=lambda b, c: leading_name(b, c, (">", "{", "\n", " "))),

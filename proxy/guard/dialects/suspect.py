@@ -31,13 +31,25 @@ def _pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 def suspicious(text: str, names: frozenset[str], limit: int = 5) -> list[tuple[int, int]]:
-    """Up to ``limit`` (start, end) spans of ``text`` where a declared tool looks called."""
+    """Up to ``limit`` (start, end) spans of ``text`` where a declared tool looks called.
+
+    The regex runs only in windows around the places a declared name occurs (found with
+    ``str.find``), so text that never names a tool costs one substring search per name.
+    """
     pattern = _pattern(tuple(sorted(names)))
     if pattern is None or not text:
         return []
-    spans = []
-    for m in pattern.finditer(text):
-        spans.append((m.start(), m.end()))
-        if len(spans) >= limit:
-            break
-    return spans
+    spans: set[tuple[int, int]] = set()
+    for name in names:
+        at = text.find(name)
+        while at >= 0 and len(spans) < limit:
+            end = at + len(name)
+            for m in pattern.finditer(text, max(0, at - _REACH), min(len(text), end + _REACH)):
+                if m.start() < end and m.end() > at:  # the match is about this occurrence
+                    spans.add((m.start(), m.end()))
+            at = text.find(name, end)
+    return sorted(spans)[:limit]
+
+
+#: How far around a tool's name the call syntax is looked for (characters).
+_REACH = 40

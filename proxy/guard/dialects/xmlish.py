@@ -160,7 +160,7 @@ _M3_NS = "]<]minimax[>["
 def minimax_m3(body: str, ctx: Ctx) -> Parsed:
     """MiniMax-M3: every tag is prefixed by ``]<]minimax[>[`` and a parameter is a tag named after it:
     ``<invoke name="x"><city>Paris</city></invoke>`` (SGLang ``function_call/minimax_m3.py``)."""
-    text = re.sub(re.escape(_M3_NS) + r"\s*", "", body)
+    text = re.sub(r"\]?" + re.escape(_M3_NS[1:]) + r"\s*", "", body)
     calls = []
     for m in re.finditer(r"<invoke\s+name=\"([^\"]+)\">(.*?)(?:</invoke>|\Z)", text, re.S):
         name = m.group(1)

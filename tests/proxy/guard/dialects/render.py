@@ -119,6 +119,15 @@ def granite(calls: Calls) -> str:
     return "<|tool_call|>" + _j([{"name": n, "arguments": a} for n, a in calls])
 
 
+def granite_31(calls: Calls) -> str:
+    return "<tool_call>" + _j([{"name": n, "arguments": a} for n, a in calls])
+
+
+def gemma4_bare(calls: Calls) -> str:
+    return "".join("call:" + n + "{" + ",".join(f"{k}:{_gemma(v, _GQ)}" for k, v in a.items()) + "}"
+                   for n, a in calls)
+
+
 def granite_20b_fc(calls: Calls) -> str:
     return "".join(f"<function_call> {_j({'name': n, 'arguments': a})}" for n, a in calls)
 
@@ -308,7 +317,8 @@ RENDERERS: dict[str, tuple[Callable[[Calls], str], bool, bool]] = {
     "mistral_v11": (mistral_v11, True, True), "llama3_python_tag": (llama3_python_tag, True, True),
     "llama4_pythonic": (llama4_pythonic, True, True), "lfm2": (lfm2, True, True), "olmo3": (olmo3, True, True),
     "anthropic_xml": (anthropic_xml, True, False), "granite": (granite, False, True),
-    "granite_20b_fc": (granite_20b_fc, False, True), "internlm2": (internlm2, True, True),
+    "granite_20b_fc": (granite_20b_fc, False, True), "granite_31": (granite_31, False, True),
+    "gemma4_bare": (gemma4_bare, False, False), "internlm2": (internlm2, True, True),
     "kimi_k2": (kimi_k2, True, True), "kimi_k3": (kimi_k3, True, False), "deepseek_v3": (deepseek_v3, True, True),
     "deepseek_v31": (deepseek_v31, True, True), "deepseek_dsml": (deepseek_dsml, True, False),
     "deepseek_v4": (deepseek_v4, True, False), "step3": (step3, True, False), "minimax": (minimax, True, False),

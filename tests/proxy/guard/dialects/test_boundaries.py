@@ -176,3 +176,19 @@ def test_it_reads_python_calls_without_evaluating_anything() -> None:
             py_calls(bad)
     assert literal("{'a': (1, 2)}") == {"a": [1, 2]}
     assert json.loads(json.dumps(literal("[true, null]"))) == [True, None]
+
+
+def test_every_family_has_a_row_and_a_test_in_the_docs() -> None:
+    """docs/dialects.md lists every registry family, and every tested syntax names its test."""
+    from pathlib import Path
+
+    from proxy.guard.dialects import FAMILIES
+
+    from .render import RENDERERS
+
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "dialects.md").read_text(encoding="utf-8")
+    rows = [line.split(" | ") for line in doc.splitlines() if line.startswith("| ") and line.count(" | ") >= 5]
+    families = {r[0].removeprefix("| ").split(" ")[0] for r in rows}
+    tests = {t.strip("` ").split(",")[0].strip("` ") for r in rows for t in [r[-1].removesuffix(" |")]}
+    assert set(FAMILIES) <= families, set(FAMILIES) - families
+    assert set(RENDERERS) <= tests, set(RENDERERS) - tests
