@@ -86,6 +86,7 @@ class Dialect:
     fuzzy: bool = False
     plausible: Callable[[str, Ctx], bool | None] | None = None
     python: bool = False
+    quote: str = ""
 
 
 def make_call(name: Any, arguments: Any) -> ToolCall:

@@ -24,11 +24,14 @@ _OPEN, _CLOSE = "[{(", "]})"
 class _Brackets:
     """Nesting depth over a JSON (or Python) value, strings skipped; one instance per value."""
 
-    __slots__ = ("depth", "quote", "esc", "pos", "special")
+    __slots__ = ("depth", "quote", "esc", "pos", "special", "back")
 
-    def __init__(self, start: int, python: bool) -> None:
+    def __init__(self, start: int, python: bool, quote: str = "") -> None:
         self.depth, self.quote, self.esc, self.pos = 0, "", False, start
         self.special = _PY_SPECIAL if python else _JSON_SPECIAL
+        self.back = max(0, len(quote) - 1)  # a delimiter may be cut by the end of the text
+        if quote:  # a multi-character string delimiter (Gemma's ``<|"|>``): no escapes, no other quotes
+            self.special = re.compile(re.escape(quote) + r"|[\[\]{}]")
 
     def scan(self, text: str) -> int | None:
         """Advance over ``text[pos:]``; the index just after the value once it closes."""
@@ -37,7 +40,7 @@ class _Brackets:
         while not self.esc:
             m = self.special.search(text, self.pos)
             if m is None:
-                self.pos = len(text)
+                self.pos = max(self.pos, len(text) - self.back)  # nothing matched there: safe to look again
                 return None
             ch, self.pos = m.group(), m.end()
             if self.quote:
@@ -46,7 +49,7 @@ class _Brackets:
                     self.pos += 0 if self.esc else 1
                 elif ch == self.quote:
                     self.quote = ""
-            elif ch in "\"'":
+            elif ch in "\"'" or len(ch) > 1:
                 self.quote = ch
             elif ch in _OPEN:
                 self.depth += 1
@@ -129,7 +132,7 @@ class Block:
                     return None
                 if start < 0:  # no value can follow: the block ends after the last one (or now)
                     return self._last_end if self._last_end > 0 else len(text)
-                self._value = _Brackets(start, self.dialect.python)
+                self._value = _Brackets(start, self.dialect.python, self.dialect.quote)
             if self._value_end < 0:
                 done = self._value.scan(text)
                 if done is None:

@@ -177,7 +177,7 @@ DIALECTS: tuple[Dialect, ...] = (
     Dialect("function_gemma", ("<start_function_call>",), tokens.function_gemma, closers=("<end_function_call>",)),
     Dialect("gemma4", ("<|tool_call>",), tokens.gemma4, closers=("<tool_call|>", "<turn|>")),
     Dialect("gemma4", ("call",), _gemma_bare, value_end=True, value_start=_GEMMA_START, strong=False, word=True,
-            anchor=":", plausible=lambda b, c: leading_name(b.removeprefix(":"), c, ("{",), declared=True)),
+            anchor=":", quote='<|"|>', plausible=lambda b, c: leading_name(b.removeprefix(":"), c, ("{",), declared=True)),
     Dialect("gemma_tool_code", ("```tool_code",), pythonic("gemma_tool_code"), closers=("```",), strong=False,
             plausible=_declared_call),
     Dialect("phi4_mini", ("functools",), json_calls("phi4_mini"), value_end=True, strong=False, word=True,
