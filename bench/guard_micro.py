@@ -5,7 +5,12 @@ Run from the repository root: ``.venv/bin/python bench/guard_micro.py [--runs N]
 Scenarios (each frame is fed to the guard as its own network chunk):
 
 - ``tool-call-4k``: one 4 KB tool call whose arguments arrive in ~200 deltas;
-- ``text-2000``: a 2,000-token text stream, one token per frame (guarded: the request has tools).
+- ``text-2000``: a 2,000-token text stream, one token per frame (guarded: the request has tools);
+- ``text-2000-marks``: the same with tokens full of the characters markers start with (``<``, ``[``,
+  ``:``, ``=``, a trailing ``to``), the worst case for the dialect scan's first-character filter.
+
+Each scenario is timed twice: the whole guarded path (``AttemptGuard.feed`` + the OpenAI emitter)
+and ``feed`` alone (``--feed`` rows), the per-frame cost the dialect library adds to.
 
 The baseline, measured in the same run over the same frames, is what any re-framing proxy must do
 at least: ``json.loads`` + ``json.dumps`` per frame. Times are the median of ``--runs`` runs.
@@ -61,6 +66,23 @@ def text_frames(tokens: int = 2000) -> list[bytes]:
     return [*frames, frame({}, "stop"), b"data: [DONE]\n\n"]
 
 
+def marked_text_frames(tokens: int = 2000) -> list[bytes]:
+    """Text tokens that keep hitting marker first characters without being markers."""
+    words = [" a<b", " x[1]", " key:", " v=2", " to", " the", " {ok}", " </p>", " call", " 3>2"]
+    frames = [frame({"role": "assistant", "content": ""})]
+    frames += [frame({"content": words[i % len(words)]}) for i in range(tokens)]
+    return [*frames, frame({}, "stop"), b"data: [DONE]\n\n"]
+
+
+def feed_only(frames: list[bytes]) -> int:
+    """``AttemptGuard.feed`` per frame and ``finish``: the guard's own cost."""
+    guard = AttemptGuard(SPEC, GuardPolicy())
+    out = 0
+    for data in frames:
+        out += len(guard.feed(data))
+    return out + len(guard.finish())
+
+
 def guarded(frames: list[bytes]) -> int:
     """Decode, accumulate and emit ``frames``; return the bytes emitted (to keep the work observable)."""
     guard = AttemptGuard(SPEC, GuardPolicy())
@@ -105,7 +127,7 @@ def median_seconds(work: Callable[[list[bytes]], int], frames: list[bytes], runs
 
 def row(name: str, frames: int, seconds: float) -> str:
     """One table row: per-frame µs, total ms, frames/s."""
-    return f"{name:<24}{frames:>7}{seconds / frames * 1e6:>12.2f}{seconds * 1e3:>11.2f}{frames / seconds:>13,.0f}"
+    return f"{name:<26}{frames:>7}{seconds / frames * 1e6:>12.2f}{seconds * 1e3:>11.2f}{frames / seconds:>13,.0f}"
 
 
 def main() -> None:
@@ -113,12 +135,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     runs = parser.parse_args().runs
-    print(f"{'scenario':<24}{'frames':>7}{'us/frame':>12}{'total ms':>11}{'frames/s':>13}")
+    print(f"{'scenario':<26}{'frames':>7}{'us/frame':>12}{'total ms':>11}{'frames/s':>13}")
     ratios = []
-    for name, frames in (("tool-call-4k", tool_call_frames()), ("text-2000", text_frames())):
+    scenarios = (("tool-call-4k", tool_call_frames()), ("text-2000", text_frames()),
+                 ("text-2000-marks", marked_text_frames()))
+    for name, frames in scenarios:
         guard_s = median_seconds(guarded, frames, runs)
+        feed_s = median_seconds(feed_only, frames, runs)
         base_s = median_seconds(baseline, frames, runs)
         print(row(f"{name} guard", len(frames), guard_s))
+        print(row(f"{name} --feed", len(frames), feed_s))
         print(row(f"{name} baseline", len(frames), base_s))
         ratios.append((name, guard_s / base_s))
     for name, ratio in ratios:

@@ -80,6 +80,10 @@ class FindingKind(enum.StrEnum):
     # Beyond the corpus: the rest of each family.
     FUNCTION_TAG_MARKUP_IN_CONTENT = "function-tag-markup-in-content"  # <function=name>{...}</function>
     LEAKED_MARKUP_UNPARSEABLE = "leaked-markup-unparseable"
+    # Every other dialect of proxy.guard.dialects (docs/dialects.md); the detail names the family.
+    TOOL_CALL_MARKUP_IN_CONTENT = "tool-call-markup-in-content"
+    # A declared tool named next to call-like syntax that no dialect recognised; left as text.
+    UNRECOGNIZED_MARKUP = "unrecognized-markup"
     UNPARSEABLE_DATA_FRAME = "unparseable-data-frame"
     NON_CHUNK_FRAME = "non-chunk-frame"  # JSON that is not a chat.completion.chunk
     COMPLETION_ID_CHANGED = "completion-id-changed"

@@ -1,80 +1,50 @@
-"""Tool calls leaked into text channels as model markup -> tool calls (fault family C).
+"""Tool calls leaked into text channels as model markup -> tool calls (fault family C and beyond).
 
-Recognised forms (``shared/fault-cases/CASES.md`` C26-C31 and their relatives):
-
-- Hermes / Qwen ``<tool_call>{"name":…,"arguments":…}</tool_call>`` (C26), also wrapping the
-  ``<function=…>`` form (Qwen3-Coder);
-- DeepSeek special tokens ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name
-  ```json …``` <｜tool▁call▁end｜><｜tool▁calls▁end｜>`` with ``▁``/``_`` and ``｜``/``|`` variants,
-  the V3.1 ``name<｜tool▁sep｜>{…}`` shape and DSML ``<｜DSML｜function_calls>`` residue (C27);
-- Kimi K2 ``<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0
-  <|tool_call_argument_begin|>{…}<|tool_call_end|>…`` (C29);
-- MiniMax ``<minimax:tool_call><invoke name=…><parameter name=…>v</parameter></invoke>`` with
-  parameter text coerced to the declared schema type (C31);
-- ``<function=name>{…}</function>`` and ``<function=name><parameter=k>v</parameter></function>``.
+The families (Hermes / Qwen ``<tool_call>``, DeepSeek V3 / V3.1 / DSML, Kimi K2, MiniMax, Qwen3-Coder
+``<function=…>``, Mistral ``[TOOL_CALLS]``, Llama, Harmony, GLM, Gemma, LFM2, … : docs/dialects.md)
+live in ``proxy.guard.dialects``; this module drives them over a stream.
 
 ``MarkupScanner`` is incremental, one per choice and channel: ``feed(text)`` returns the text safe
-to release now, holding back only a tail that could still be the start of a marker (so plain text
-streams with a few characters of delay at most, and ``<`` followed by non-marker text is released
-as soon as it cannot be one). Complete blocks become tool calls and are removed from the text; an
-unparseable block is a retry finding. Work per delta is proportional to the new text (marker
-search starts where the previous one stopped).
+to release now, holding back only what could still be the start of a marker (a few characters:
+``<tool`` or a trailing ``functo``), the inside of an open block, and, at the very start of a
+channel, text that may still be a bare call list (``[get_weather(…)]``, ``{"name": …}``), which
+counts only when the whole channel is exactly that. One combined scan finds every family's opener
+per delta (``dialects.matcher``); a complete block becomes tool calls and leaves the text.
+
+Findings: the C26 / C27 / C29 / C31 kinds for their families, ``function-tag-markup-in-content``
+for ``<function=…>``, ``tool-call-markup-in-content`` (the detail names the family) for the rest;
+an unreadable block after a special token is a retry (``leaked-markup-unparseable``); after an
+ordinary word it is text. Text that names a declared tool next to call syntax no family read is
+an ``unrecognized-markup`` finding (non-fatal), with the frames it came in.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import bisect
 from dataclasses import dataclass, field
-from typing import Any
 
+from proxy.guard.dialects import matcher
+from proxy.guard.dialects.base import Ctx, Dialect, MarkupError, Parsed
+from proxy.guard.dialects.block import Block
+from proxy.guard.dialects.segment import WholeSegment
+from proxy.guard.dialects.suspect import suspicious
+from proxy.guard.dialects.tokens import NORM
 from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
-from proxy.guard.turn import ToolCall, ToolSpec, synthesize_call_id
+from proxy.guard.turn import ToolCall, ToolSpec
 
 K = FindingKind
-# DeepSeek's full-width bar and "▁" are matched as their ASCII spellings; one char each, so
-# positions in the normalised text are positions in the raw text.
-_NORM = str.maketrans({"｜": "|", "▁": "_"})
-
-
-@dataclass(frozen=True, slots=True)
-class _Marker:
-    opener: str
-    closer: str
-    family: str
-
-
-_MARKERS = (
-    _Marker("<tool_call>", "</tool_call>", "hermes"),
-    _Marker("<|tool_calls_begin|>", "<|tool_calls_end|>", "deepseek"),
-    _Marker("<|tool_calls|>", "<|tool_calls_end|>", "deepseek"),
-    _Marker("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "kimi"),
-    _Marker("<|tool_call_section_begin|>", "<|tool_call_section_end|>", "kimi"),
-    _Marker("<|tool_call_begin|>", "<|tool_call_end|>", "special"),
-    _Marker("<|DSML|function_calls>", "</|DSML|function_calls>", "dsml"),
-    _Marker("<minimax:tool_call>", "</minimax:tool_call>", "minimax"),
-    _Marker("<function=", "</function>", "function"),
-)
-_LONGEST = max(len(m.opener) for m in _MARKERS)
-_KINDS = {
+#: Families reported with their own (corpus) kinds; every other family is TOOL_CALL_MARKUP_IN_CONTENT.
+KINDS = {
     "hermes": K.HERMES_TOOL_CALL_TAGS_IN_CONTENT,
-    "deepseek": K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT,
-    "dsml": K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT,
-    "kimi": K.KIMI_SECTION_TOKENS_IN_CONTENT,
+    "deepseek_v3": K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT,
+    "deepseek_v31": K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT,
+    "deepseek_dsml": K.DEEPSEEK_SPECIAL_TOKENS_IN_CONTENT,
+    "kimi_k2": K.KIMI_SECTION_TOKENS_IN_CONTENT,
     "minimax": K.MINIMAX_XML_IN_CONTENT,
-    "function": K.FUNCTION_TAG_MARKUP_IN_CONTENT,
+    "qwen3_coder": K.FUNCTION_TAG_MARKUP_IN_CONTENT,
+    "function_json": K.FUNCTION_TAG_MARKUP_IN_CONTENT,
 }
-
-_CALL_SEGMENT = re.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_end\|>", re.S)
-_INVOKE = re.compile(r"<invoke\s+name\s*=\s*[\"']?([^\"'>]+)[\"']?\s*>(.*?)</invoke>", re.S)
-_PARAM = re.compile(r"<parameter\s+name\s*=\s*[\"']?([^\"'>\s]+)[\"']?([^>]*)>(.*?)</parameter>", re.S)
-_EQ_PARAM = re.compile(r"<parameter=([^>\s]+)\s*>(.*?)</parameter>", re.S)
-_FENCE = re.compile(r"\A\s*```[a-zA-Z0-9]*\s*(.*?)\s*```\s*\Z", re.S)
-_KIMI_NAME = re.compile(r"\A(?:functions\.)?(.+?)(?::\d+)?\Z", re.S)
-
-
-class MarkupError(ValueError):
-    """A block that looks like leaked tool-call markup but cannot be read as calls."""
+_PARSE_ERRORS = (MarkupError, ValueError, TypeError, KeyError, IndexError, RecursionError)
 
 
 @dataclass(slots=True)
@@ -89,97 +59,138 @@ class ScanResult:
 class MarkupScanner:
     """Incremental leaked-markup extractor for one choice and channel.
 
-    ``tools`` are the declared tools (their schemas type MiniMax / ``<parameter=…>`` values);
-    ``allow`` is ``policy.allows(Repair.LEAKED_MARKUP)``: when False every recognised block is a
-    retry finding instead of a repair.
+    ``tools`` are the declared tools (their schemas type XML-ish values; their names decide the
+    markerless and word-marker families); ``allow`` is ``policy.allows(Repair.LEAKED_MARKUP)``:
+    when False every recognised block is a retry finding instead of a repair.
     """
 
     def __init__(self, choice: int, tools: tuple[ToolSpec, ...], *, allow: bool = True) -> None:
         self.choice = choice
         self.allow = allow
-        self._schemas = {t.name: t.parameters or {} for t in tools}
-        self._buf = ""  # raw text not released yet
-        self._norm = ""  # ``_buf`` normalised (same length)
-        self._block: _Marker | None = None
-        self._searched = 0  # inside a block: closer search resumes here
+        self.ctx = Ctx.of(tools)
+        self._lead = WholeSegment(self.ctx)
+        self._buf = ""  # released-text tail that may still start a marker
+        self._block: Block | None = None
+        self._before = ""  # the last character released (word markers must start a word)
+
+        self._released: list[str] = []
+        self._marks: list[int] = []  # offset in the released text where each frame's text starts
+        self._frames: list[int | None] = []
+        self._size = 0
 
     def feed(self, text: str, where: Where | None = None) -> ScanResult:
         """Take a text delta; return the text safe to release and any calls completed by it."""
         out = ScanResult()
         if text:
-            self._buf += text
-            self._norm += text.translate(_NORM)
-            self._scan(out, where or Where())
+            w = where or Where()
+            self._marks.append(self._size)
+            self._frames.append(w.frame)
+            if self._lead.active:
+                text = self._lead.feed(text)
+            if text:
+                self._scan(text, out, w)
         return out
 
     def finish(self, where: Where | None = None) -> ScanResult:
-        """End of the channel: release a held tail; an unclosed block is read leniently or rejected."""
-        out = ScanResult()
+        """End of the channel: a held candidate is read, an open block is read leniently (or rejected),
+        the held tail is released, and released text is checked for unrecognised call syntax."""
+        out, w = ScanResult(), where or Where()
+        if self._lead.active:
+            raw = self._lead.held
+            text, parsed = self._lead.finish()
+            if parsed is not None:
+                self._recovered(parsed, "", raw, out, w, closed=True)
+            if text:
+                self._scan(text, out, w)
         if self._block is not None:
-            marker, block = self._block, self._buf
-            self._reset("")
-            self._parse(marker, block, out, where or Where(), closed=False)
-        out.text += self._buf
-        self._reset("")
+            block, self._block = self._block, None
+            end = block.final_end()
+            self._close(block, end, out, w, closed=end < len(block.text))
+            if end < len(block.text):
+                self._scan(block.text[end:], out, w)
+        self._release(self._buf, out)
+        self._buf = ""
+        self._suspects(out)
         return out
 
-    def _reset(self, rest: str) -> None:
-        self._buf, self._norm = rest, rest.translate(_NORM)
-        self._block, self._searched = None, 0
+    # -- the stream ------------------------------------------------------------------------------
 
-    def _scan(self, out: ScanResult, where: Where) -> None:
-        while True:
-            if self._block is not None and not self._close_block(out, where):
-                return
-            if self._block is None and not self._open_block(out):
-                return
+    def _scan(self, text: str, out: ScanResult, where: Where) -> None:
+        rest: str | None = text
+        while rest is not None:
+            rest = self._in_block(rest, out, where) if self._block is not None else self._outside(rest, out)
 
-    def _open_block(self, out: ScanResult) -> bool:
-        """Release text up to a marker (or a possible marker start); True when a block opened."""
-        norm, i = self._norm, 0
-        while (p := norm.find("<", i)) >= 0:
-            tail = norm[p : p + _LONGEST]
-            marker = next((m for m in _MARKERS if tail.startswith(m.opener)), None)
-            if marker is not None:
-                out.text += self._buf[:p]
-                self._reset(self._buf[p:])
-                self._block, self._searched = marker, len(marker.opener)
-                return True
-            if len(tail) < _LONGEST and p + len(tail) == len(norm) and _could_open(tail):
-                out.text += self._buf[:p]
-                self._reset(self._buf[p:])
-                return False
-            i = p + 1
-        out.text += self._buf
-        self._reset("")
-        return False
+    def _outside(self, text: str, out: ScanResult) -> str | None:
+        """Release text up to an opener (or a possible one); the text after an opener, or None."""
+        buf = self._buf + text if self._buf else text
+        self._buf = ""
+        hit = matcher.find(buf, self._before)
+        if hit is None:
+            self._release(buf, out)
+            return None
+        start, end, dialect = hit
+        self._release(buf[:start], out)
+        if dialect is None:
+            self._buf = buf[start:]
+            return None
+        self._block = Block(dialect, buf[start:end], self.ctx)
+        return buf[end:]
 
-    def _close_block(self, out: ScanResult, where: Where) -> bool:
-        """Find the block's closer; parse the block when found (True), else keep holding."""
-        marker = self._block
-        assert marker is not None
-        end = self._norm.find(marker.closer, self._searched)
-        if end < 0:
-            self._searched = max(self._searched, len(self._norm) - len(marker.closer) + 1)
-            return False
-        stop = end + len(marker.closer)
-        block, rest = self._buf[:stop], self._buf[stop:]
-        self._reset(rest)
-        self._parse(marker, block, out, where, closed=True)
-        return True
+    def _in_block(self, text: str, out: ScanResult, where: Where) -> str | None:
+        """Grow the open block; when it ends (or proves not to be markup) the text after it."""
+        block = self._block
+        assert block is not None
+        block.feed(text)
+        if not block.plausible():
+            self._block = None
+            self._release(block.text[: block.opener_len], out)
+            return block.text[block.opener_len :]
+        end = block.end()
+        if end is None:
+            return None
+        self._block = None
+        self._close(block, end, out, where, closed=True)
+        return block.text[end:] or None
 
-    def _parse(self, marker: _Marker, block: str, out: ScanResult, where: Where, *, closed: bool) -> None:
+    def _close(self, block: Block, end: int, out: ScanResult, where: Where, *, closed: bool) -> None:
+        """Read a finished block: calls and a finding, a retry, or (weak marker) text."""
+        d, text = block.dialect, block.text[:end]
+        body = _body(d, text, block.opener_len)
         try:
-            family, calls = _parse_block(marker, block, self._schemas)
-        except MarkupError as exc:
-            self._finding(out, K.LEAKED_MARKUP_UNPARSEABLE, Action.RETRY, where, block,
-                          f"unparseable {marker.family} tool-call markup in text: {exc}")
+            parsed = d.parse(body, self.ctx)
+            if not parsed.calls:
+                raise MarkupError("no tool call inside the block")
+            if not d.strong and any(c.name not in self.ctx.names for c in parsed.calls):
+                raise MarkupError("a word marker names an undeclared tool")
+        except _PARSE_ERRORS as exc:
+            if d.strong:
+                self._finding(out, K.LEAKED_MARKUP_UNPARSEABLE, Action.RETRY, where, text,
+                              f"unparseable {d.family} tool-call markup in text: {exc}")
+            else:
+                self._release(text, out)
             return
+        self._recovered(parsed, d.family, text, out, where, closed=closed)
+
+    def _recovered(self, parsed: Parsed, marker: str, text: str, out: ScanResult, where: Where, *,
+                   closed: bool) -> None:
         action = Action.REPAIRED if self.allow else Action.RETRY
+        kind = KINDS.get(parsed.family, K.TOOL_CALL_MARKUP_IN_CONTENT)
         tail = "" if closed else " (unclosed at end of text)"
-        self._finding(out, _KINDS[family], action, where, block,
-                      f"{len(calls)} tool call(s) recovered from {family} markup in text{tail}")
-        out.calls.extend(calls)
+        label = parsed.family if kind is not K.TOOL_CALL_MARKUP_IN_CONTENT else f"[{parsed.family}] "
+        detail = (f"{label}{len(parsed.calls)} tool call(s) recovered from {parsed.family} markup in text{tail}"
+                  if kind is K.TOOL_CALL_MARKUP_IN_CONTENT
+                  else f"{len(parsed.calls)} tool call(s) recovered from {parsed.family} markup in text{tail}")
+        self._finding(out, kind, action, where, text or "", detail)
+        out.calls.extend(parsed.calls)
+
+    def _release(self, text: str, out: ScanResult) -> None:
+        if text:
+            out.text += text
+            self._released.append(text)
+            self._size += len(text)
+            self._before = text[-1]
+
+    # -- findings -----------------------------------------------------------------------------
 
     def _finding(self, out: ScanResult, kind: FindingKind, action: Action, where: Where, block: str,
                  detail: str) -> None:
@@ -187,10 +198,36 @@ class MarkupScanner:
         out.findings.append(Finding(kind, severity, action, detail, self.choice, None, where.frame,
                                     where.offset, cap_fragment(block)))
 
+    def _suspects(self, out: ScanResult) -> None:
+        """Released text that calls a declared tool in a syntax no dialect knows (non-fatal)."""
+        if not self._released:
+            return
+        text = "".join(self._released)
+        for start, end in suspicious(text, self.ctx.names):
+            frames = self._frames_of(start, end)
+            shown = ", ".join(str(f) for f in frames) or "?"
+            detail = (f"text names a declared tool next to call-like syntax no known dialect reads "
+                      f"(left as text): {text[start:end][:80]!r}; frames {shown}")
+            first = frames[0] if frames else None
+            out.findings.append(Finding(K.UNRECOGNIZED_MARKUP, Severity.WARNING, Action.IGNORED, detail,
+                                        self.choice, None, first, None,
+                                        cap_fragment(text[max(0, start - 200) : end + 200])))
 
-def _could_open(tail: str) -> bool:
-    """True when ``tail`` (shorter than every opener it is compared with) may still become one."""
-    return any(m.opener.startswith(tail) for m in _MARKERS)
+    def _frames_of(self, start: int, end: int) -> list[int]:
+        """The frames whose released text covers ``start:end`` (approximate: frames of the feeds)."""
+        lo = max(0, bisect.bisect_right(self._marks, start) - 1)
+        hi = max(lo + 1, bisect.bisect_left(self._marks, end))
+        return [f for f in self._frames[lo:hi] if f is not None]
+
+
+def _body(d: Dialect, text: str, opener_len: int) -> str:
+    """The block text between its opener and its closer (or trailer), whichever ended it."""
+    body = text[opener_len:]
+    norm = body.translate(NORM) if d.fuzzy else body
+    for end in (*d.closers, *d.trailers):
+        if norm.endswith(end):
+            return body[: len(body) - len(end)]
+    return body
 
 
 def extract_markup(text: str, tools: tuple[ToolSpec, ...], choice: int = 0, *,
@@ -199,166 +236,3 @@ def extract_markup(text: str, tools: tuple[ToolSpec, ...], choice: int = 0, *,
     scanner = MarkupScanner(choice, tools, allow=allow)
     first, last = scanner.feed(text), scanner.finish()
     return ScanResult(first.text + last.text, first.calls + last.calls, first.findings + last.findings)
-
-
-# -- block parsers ---------------------------------------------------------------------------
-
-
-def _parse_block(marker: _Marker, block: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, list[ToolCall]]:
-    """(family, calls) for one complete block text (opener and closer included)."""
-    body = block[len(marker.opener) :]
-    if block.translate(_NORM).endswith(marker.closer):
-        body = body[: len(body) - len(marker.closer)]
-    family = marker.family
-    if family == "hermes":
-        calls = _hermes(body, schemas)
-    elif family in ("deepseek", "kimi", "special"):
-        family, calls = _special(block, family)
-    elif family == "dsml":
-        calls = _invokes(re.sub(r"[|｜]DSML[|｜]", "", body), schemas)
-    elif family == "minimax":
-        calls = _invokes(body, schemas)
-    else:
-        calls = [_function_tag(body, schemas)]
-    if not calls:
-        raise MarkupError("no tool call inside the block")
-    return family, calls
-
-
-def _call(name: str, arguments: Any) -> ToolCall:
-    """A recovered call: raw argument text (validation repairs and checks it) or a serialised value."""
-    name = name.strip()
-    if not name:
-        raise MarkupError("empty tool name")
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(synthesize_call_id(), name, text)
-
-
-def _hermes(body: str, schemas: dict[str, dict[str, Any]]) -> list[ToolCall]:
-    """``{"name":…,"arguments":{…}}`` objects (one or more, optionally fenced) or ``<function=…>``."""
-    text = _unfence(body.strip())
-    if text.startswith("<function="):
-        return [_function_tag(text[len("<function=") :].removesuffix("</function>"), schemas)]
-    calls: list[ToolCall] = []
-    decoder = json.JSONDecoder(strict=False)
-    i = 0
-    while i < len(text):
-        try:
-            value, i = decoder.raw_decode(text, i)
-        except (ValueError, RecursionError) as exc:
-            raise MarkupError(f"not JSON ({exc})") from None
-        calls.extend(_hermes_value(value))
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-    return calls
-
-
-def _hermes_value(value: Any) -> list[ToolCall]:
-    items = value if isinstance(value, list) else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise MarkupError("JSON without a tool name")
-        args = item.get("arguments", item.get("parameters", {}))
-        calls.append(_call(item["name"], {} if args is None else args))
-    return calls
-
-
-def _special(block: str, family: str) -> tuple[str, list[ToolCall]]:
-    """DeepSeek (``tool_sep``) and Kimi (``tool_call_argument_begin``) call segments."""
-    norm = block.translate(_NORM)
-    calls: list[ToolCall] = []
-    kimi = family == "kimi"
-    for m in _CALL_SEGMENT.finditer(norm):
-        seg, nseg = block[m.start(1) : m.end(1)], m.group(1)
-        if "<|tool_call_argument_begin|>" in nseg:
-            kimi = True
-            cut = nseg.index("<|tool_call_argument_begin|>")
-            head, args = seg[:cut], seg[cut + len("<|tool_call_argument_begin|>") :]
-            calls.append(_call(_kimi_name(head), _unfence(args.strip())))
-        elif "<|tool_sep|>" in nseg:
-            calls.append(_deepseek_call(seg, nseg.index("<|tool_sep|>")))
-        else:
-            raise MarkupError("tool call segment without a separator")
-    if family == "special":
-        family = "kimi" if kimi else "deepseek"
-    return family, calls
-
-
-def _kimi_name(head: str) -> str:
-    """Kimi ids are ``functions.<name>:<n>``: the bare name (C29)."""
-    m = _KIMI_NAME.match(head.strip())
-    return m.group(1) if m else head
-
-
-def _deepseek_call(seg: str, cut: int) -> ToolCall:
-    """``function<sep>name\\n```json{…}```'' (V3) or ``name<sep>{…}`` (V3.1)."""
-    left, right = seg[:cut].strip(), seg[cut + len("<|tool_sep|>") :]
-    if left in ("", "function"):
-        name, _, args = right.lstrip().partition("\n")
-    else:
-        name, args = left, right
-    return _call(name, _unfence(args.strip()) or "{}")
-
-
-def _invokes(body: str, schemas: dict[str, dict[str, Any]]) -> list[ToolCall]:
-    """MiniMax / DSML ``<invoke name=…><parameter name=…>v</parameter></invoke>`` (C31)."""
-    calls = []
-    for m in _INVOKE.finditer(body):
-        name = m.group(1).strip()
-        props = _properties(schemas.get(name))
-        args = {p.group(1): _param_value(p.group(3), props.get(p.group(1)), p.group(2))
-                for p in _PARAM.finditer(m.group(2))}
-        calls.append(_call(name, args))
-    return calls
-
-
-def _function_tag(rest: str, schemas: dict[str, dict[str, Any]]) -> ToolCall:
-    """``name>{…}`` / ``name{…}`` (Groq ``failed_generation``) / ``name><parameter=k>v</parameter>``."""
-    m = re.match(r"\s*([^>{\s]+)\s*>?", rest)
-    if m is None:
-        raise MarkupError("function tag without a name")
-    name, body = m.group(1), rest[m.end() :].strip()
-    if body.startswith("<parameter="):
-        props = _properties(schemas.get(name))
-        return _call(name, {p.group(1): _param_value(p.group(2), props.get(p.group(1)), "")
-                            for p in _EQ_PARAM.finditer(body)})
-    return _call(name, _unfence(body) or "{}")
-
-
-def _properties(schema: dict[str, Any] | None) -> dict[str, Any]:
-    props = (schema or {}).get("properties")
-    return props if isinstance(props, dict) else {}
-
-
-def _param_value(raw: str, prop: Any, attrs: str) -> Any:
-    """Parameter text typed by the declared schema (C31): strings stay text, the rest JSON-parsed."""
-    text = raw.removeprefix("\n").removesuffix("\n")
-    types = _types(prop)
-    if 'string="true"' in attrs or "string" in types:
-        return text
-    if types or 'string="false"' in attrs:
-        return _json_or(text.strip())
-    return text  # undeclared parameter: keep the model's text
-
-
-def _types(prop: Any) -> set[str]:
-    if not isinstance(prop, dict):
-        return set()
-    t = prop.get("type")
-    if isinstance(t, str):
-        return {t}
-    return {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
-
-
-def _json_or(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return text
-
-
-def _unfence(text: str) -> str:
-    """The inside of a Markdown code fence, or ``text`` unchanged."""
-    m = _FENCE.match(text)
-    return m.group(1) if m else text

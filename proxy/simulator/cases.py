@@ -15,7 +15,9 @@ from proxy.simulator.turns import Turn, declared_tools, finish, make_call, new_c
 _REPO = Path(__file__).resolve().parents[2]
 #: Where the corpus is looked for when no directory is given (first that exists).
 DEFAULT_CASE_DIRS = (_REPO / "tests" / "fixtures" / "fault-cases", _REPO.parent / "shared" / "fault-cases")
-_CASE_ID = re.compile(r"^C\d{2,3}$")
+#: The project's own corpus (``D*.json``, same format), served next to the shared one.
+OWN_CASES_DIR = _REPO / "tests" / "corpus"
+_CASE_ID = re.compile(r"^[A-Z]\d{2,3}$")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
@@ -42,25 +44,29 @@ class BrokenAnswer:
 
 
 class CaseLibrary:
-    """Loads fixtures by id on first use and keeps them (the files are small and read-only)."""
+    """Loads fixtures by id on first use and keeps them (the files are small and read-only).
 
-    def __init__(self, directory: Path | None) -> None:
+    ``directory`` holds the shared corpus (``C*.json``); ``extra`` directories (the project's own
+    ``tests/corpus`` by default) are searched after it for other ids.
+    """
+
+    def __init__(self, directory: Path | None, extra: tuple[Path, ...] = (OWN_CASES_DIR,)) -> None:
         self.directory = directory
+        self.dirs = tuple(d for d in (directory, *extra) if d is not None)
         self._cache: dict[str, dict[str, Any]] = {}
 
     def ids(self) -> list[str]:
-        """The case ids present in the directory, sorted."""
-        if self.directory is None or not self.directory.is_dir():
-            return []
-        return sorted(p.stem for p in self.directory.glob("C*.json") if _CASE_ID.match(p.stem))
+        """The case ids present in the directories, sorted."""
+        found = {p.stem for d in self.dirs if d.is_dir() for p in d.glob("*.json") if _CASE_ID.match(p.stem)}
+        return sorted(found)
 
     def get(self, case_id: str) -> dict[str, Any]:
         """The parsed fixture ``case_id`` (case-insensitive, ``c14`` == ``C14``)."""
         key = case_id.strip().upper()
         if key not in self._cache:
-            path = (self.directory or Path("/nonexistent")) / f"{key}.json"
-            if not _CASE_ID.match(key) or not path.is_file():
-                raise CaseNotFound(f"no fault case {case_id!r} in {self.directory}")
+            path = next((d / f"{key}.json" for d in self.dirs if (d / f"{key}.json").is_file()), None)
+            if not _CASE_ID.match(key) or path is None:
+                raise CaseNotFound(f"no fault case {case_id!r} in {', '.join(map(str, self.dirs)) or 'no directory'}")
             self._cache[key] = json.loads(path.read_text(encoding="utf-8"))
         return self._cache[key]
 

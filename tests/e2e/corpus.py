@@ -1,4 +1,5 @@
-"""The fault corpus as the end-to-end tests use it (read from ../shared/fault-cases, never copied)."""
+"""The fault corpus as the end-to-end tests use it: ../shared/fault-cases (read there, never copied)
+and the project's own ``tests/corpus/D*.json`` (same format; ``tests/corpus/pending`` is not loaded)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-CASES = sorted(CASES_DIR.glob("C*.json"))
+OWN_CASES_DIR = Path(__file__).resolve().parents[1] / "corpus"
+CASES = sorted(CASES_DIR.glob("C*.json")) + sorted(OWN_CASES_DIR.glob("D*.json"))
 #: The product default: 1 + MAX_RETRIES upstream calls before the exhaustion answer.
 MAX_RETRIES = 2
 

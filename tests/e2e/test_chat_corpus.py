@@ -1,6 +1,6 @@
 """The fault corpus through the running proxy: openai-python over real sockets, Daphne, the simulator.
 
-For every case in ../shared/fault-cases: recoverable cases give exactly the expected turn from one
+For every case in ../shared/fault-cases and tests/corpus: recoverable cases give exactly the expected turn from one
 upstream call; retry cases give the clean turn after a broken attempt, and the exhaustion answer
 after exactly 1 + max_retries calls when always broken; error_to_client cases give a clean error
 with no retry. The audit holds a finding of the case's kind.

@@ -1,4 +1,5 @@
-"""The regression corpus: every fault case in ``shared/fault-cases`` through the attempt guard.
+"""The regression corpus: every fault case in ``shared/fault-cases`` and in the project's own
+``tests/corpus`` (``D*.json``, same format; ``tests/corpus/pending`` is not loaded) through the attempt guard.
 
 Each case's body (``raw_sse``, else ``upstream_chunks`` as ``data: X\\n\\n`` frames) is fed to
 ``AttemptGuard`` split at every byte (a dense sample for bodies over 1500 bytes); every split must
@@ -21,7 +22,8 @@ from proxy.guard.policy import GuardPolicy
 from proxy.guard.turn import Decision, Outcome, RequestSpec
 
 CASES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "fault-cases"
-CASES = sorted(CASES_DIR.glob("C*.json"))
+OWN_DIR = Path(__file__).resolve().parents[2] / "corpus"
+CASES = sorted(CASES_DIR.glob("C*.json")) + sorted(OWN_DIR.glob("D*.json"))
 POLICY = GuardPolicy()
 DENSE_LIMIT = 1500
 
