@@ -6,17 +6,25 @@ has to happen before anything imports ``twisted.internet.reactor`` (as ``daphne.
 
 from __future__ import annotations
 
+import logging
+import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from daphne.server import Server  # isort: skip - first: installs Twisted's asyncio reactor
 from daphne.access import AccessLogGenerator
+from django.conf import settings
+from twisted.internet import reactor as _reactor
 
 from proxy.server.backpressure import EXTENSION
 from proxy.server.compat import check_supported
 from proxy.server.listen import endpoint_strings
 from proxy.server.protocol import LimitedHTTPFactory, Limits
+
+logger = logging.getLogger(__name__)
+reactor: Any = _reactor  # Twisted's interface stubs type its methods unbound
 
 
 class LimitedServer(Server):  # type: ignore[misc]  # Daphne is untyped
@@ -43,6 +51,49 @@ class LimitedServer(Server):  # type: ignore[misc]  # Daphne is untyped
         if not isinstance(factory, LimitedHTTPFactory):
             factory = LimitedHTTPFactory(self, self.limits)
         self._http_factory = factory
+
+    def run(self) -> None:
+        """Daphne's ``run`` with our SIGTERM / SIGINT handling instead of Twisted's (see ``drain``)."""
+        self.signal_handlers = False
+        self._ports: list[Any] = []
+        self._draining = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: reactor.callFromThread(self.drain))
+        super().run()
+
+    def listen_success(self, port: Any) -> None:
+        """Daphne's, keeping the listening port so ``drain`` can close it."""
+        self._ports.append(port)
+        super().listen_success(port)
+
+    def drain(self) -> None:
+        """Stop accepting, let open requests end within ``SHUTDOWN_GRACE_SECONDS``, then stop (the journal
+        is flushed at exit). A second signal stops at once; requests cut then are ``interrupted``."""
+        if self._draining:
+            logger.warning("second stop signal: stopping now")
+            self.stop()
+            return
+        self._draining = True
+        for port in self._ports:
+            port.stopListening()
+        grace = float(settings.SHUTDOWN_GRACE_SECONDS)
+        logger.warning("stop signal: not accepting; waiting up to %g s for %d open request(s)", grace, self.busy())
+        self._wait_idle(time.monotonic() + grace)
+
+    def busy(self) -> int:
+        """Requests whose application is still running."""
+        return sum(1 for details in self.connections.values()
+                   if "disconnected" not in details and details.get("application_instance") is not None
+                   and not details["application_instance"].done())
+
+    def _wait_idle(self, deadline: float) -> None:
+        left = self.busy()
+        if left == 0 or time.monotonic() >= deadline:
+            if left:
+                logger.warning("grace period over: %d request(s) cut (audited as interrupted)", left)
+            self.stop()
+            return
+        reactor.callLater(0.1, self._wait_idle, deadline)
 
     def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
         """Daphne's, with ``scope["extensions"]["toolrelay.backpressure"]`` for the request's producer."""

@@ -53,6 +53,10 @@ class Command(BaseCommand):
 
         from channels.routing import get_default_application
 
+        from audit.journal_writer import journal
+
+        journal()  # the writer starts now: it drains journals a stopped process left before any request comes
+
         where = ", ".join([*([f"http://{host}:{port}"] if port is not None else []),
                            *([f"fd {fd}"] if fd is not None else [])])
         self.stdout.write(f"toolrelay serving on {where} (MAX_REQUEST_BYTES={limits.max_request_bytes}, "

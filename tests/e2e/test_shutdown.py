@@ -1,0 +1,123 @@
+"""Stopping a proxy process: SIGTERM drains open streams; a killed process's requests end ``interrupted``.
+
+Real ``manage.py serve`` processes, the simulator as upstream, the test database read back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import running_proxy
+
+#: 20 paced frames, 100 ms apart: a 2 s stream.
+SLOW = "slow:20:frame=100"
+
+
+def _stream(url: str, key: str, out: dict[str, Any], started: threading.Event) -> None:
+    """Read one slow pass-through stream; record its request id, bytes and whether it ended with [DONE]."""
+    body = {"model": SLOW, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30,
+                          headers={"authorization": f"Bearer {key}"}) as response:
+            out["request_id"] = response.headers.get("x-request-id")
+            data = b""
+            for chunk in response.iter_bytes():
+                data += chunk
+                started.set()
+            out["body"] = data
+    except httpx.HTTPError as exc:
+        out["error"] = exc
+    finally:
+        started.set()
+
+
+def _refuses_connections(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return False
+    except OSError:
+        return True
+
+
+def _row(django_db_blocker: Any, request_id: str, *, timeout: float = 15.0) -> Any:
+    from audit.models import ProxyRequest
+
+    deadline = time.monotonic() + timeout
+    with django_db_blocker.unblock():
+        while time.monotonic() < deadline:
+            row = ProxyRequest.objects.filter(id=request_id).exclude(outcome="pending").first()
+            if row is not None:
+                return row
+            time.sleep(0.05)
+    raise AssertionError(f"no final audit row for {request_id}")
+
+
+def test_sigterm_stops_accepting_and_lets_an_open_stream_finish(make_tenant: Any, e2e_database_url: str,
+                                                                tmp_path: Path, django_db_blocker: Any) -> None:
+    """SIGTERM mid-stream: new connections are refused at once, the open stream ends normally, the process
+    exits 0 soon after, and the request's audit row is written (the journal is flushed at exit)."""
+    tenant = make_tenant()
+    with running_proxy(e2e_database_url, tmp_path / "a.log", SHUTDOWN_GRACE_SECONDS="10") as server:
+        out: dict[str, Any] = {}
+        started = threading.Event()
+        reader = threading.Thread(target=_stream, args=(server.url, tenant.api_key, out, started))
+        reader.start()
+        assert started.wait(10)
+        os.kill(server.process.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        assert _refuses_connections(server.url), "a draining process accepts no new connection"
+        reader.join(15)
+        assert "error" not in out and out["body"].endswith(b"data: [DONE]\n\n"), "the open stream finished"
+        assert server.process.wait(10) == 0
+    assert _row(django_db_blocker, out["request_id"]).outcome == "clean"
+
+
+def test_a_killed_process_leaves_its_open_request_interrupted_not_pending(make_tenant: Any, e2e_database_url: str,
+                                                                          tmp_path: Path,
+                                                                          django_db_blocker: Any) -> None:
+    """``kill -9`` in a request's first attempt: the next process on the same journal folder drains the dead
+    one's journal and the request becomes ``interrupted`` (a final state), with its start on record."""
+    tenant = make_tenant()
+    out: dict[str, Any] = {}
+    with running_proxy(e2e_database_url, tmp_path / "a.log") as first:
+        started = threading.Event()
+        reader = threading.Thread(target=_stream, args=(first.url, tenant.api_key, out, started))
+        reader.start()
+        assert started.wait(10)
+        first.process.kill()
+        reader.join(10)
+    assert out.get("request_id")
+    with running_proxy(e2e_database_url, tmp_path / "b.log"):
+        row = _row(django_db_blocker, out["request_id"])
+    assert row.outcome == "interrupted" and row.model == SLOW
+
+
+@pytest.mark.parametrize("grace", ["0.5"])
+def test_a_stream_longer_than_the_grace_period_is_cut_and_interrupted(grace: str, make_tenant: Any,
+                                                                      e2e_database_url: str, tmp_path: Path,
+                                                                      django_db_blocker: Any) -> None:
+    """Past ``SHUTDOWN_GRACE_SECONDS`` the process stops anyway; its cut request is ``interrupted`` once a
+    process drains the journal (never ``pending`` forever)."""
+    tenant = make_tenant()
+    out: dict[str, Any] = {}
+    with running_proxy(e2e_database_url, tmp_path / "a.log", SHUTDOWN_GRACE_SECONDS=grace) as first:
+        started = threading.Event()
+        reader = threading.Thread(target=_stream, args=(first.url, tenant.api_key, out, started))
+        reader.start()
+        assert started.wait(10)
+        os.kill(first.process.pid, signal.SIGTERM)
+        assert first.process.wait(10) == 0
+        reader.join(10)
+    assert not out.get("body", b"").endswith(b"data: [DONE]\n\n")
+    with running_proxy(e2e_database_url, tmp_path / "b.log"):
+        assert _row(django_db_blocker, out["request_id"]).outcome == "interrupted"
