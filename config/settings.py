@@ -66,6 +66,8 @@ RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
 #: address policy (``proxy.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
 #: Operators only (no tenant admin can change it). Empty: public addresses only.
 UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
+#: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
+MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 #: The audit journal (audit/journal.py): one file per process in JOURNAL_DIR (a volume shared by the

@@ -20,7 +20,6 @@ import abc
 import dataclasses
 import json
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +30,12 @@ from proxy.attempts import usage_tokens
 from proxy.guard.answer import Answer, AnswerKind, RequestOutcome, exhaustion_message
 from proxy.guard.attempt import AttemptGuard, decide_completion
 from proxy.guard.delivery import Delivery
+from proxy.guard.errors import classify_inband_error
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.passcheck import PassCheck
 from proxy.guard.policy import FragmentStorage
-from proxy.guard.turn import Decision, Outcome, Turn
+from proxy.guard.turn import Decision, Outcome, Turn, UpstreamError
 from proxy.scrub import redact
 from proxy.upstream import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
 from tenants.auth import UpstreamTarget
@@ -41,8 +43,6 @@ from tenants.auth import UpstreamTarget
 if TYPE_CHECKING:
     from proxy.relay import Relay
 
-#: Bytes of the pass-through stream's end kept to read the usage chunk from.
-TAIL_BYTES = 8192
 #: Non-stream upstream bodies larger than this are refused as an upstream failure.
 NON_STREAM_CAP = 32 * 1024 * 1024
 _NO_DECISION = Decision(Outcome.RETRY, None, reason="no decision")
@@ -100,6 +100,53 @@ class _Path(abc.ABC):
         """What sets the exhaustion answer apart from text the client already has."""
         return ""
 
+    async def _text(self, delta: TextDelta) -> None:
+        text = redact(delta.text, self.log.secrets)  # an upstream echoing toolrelay's credential
+        await self.response.stream(self.call.emitter.text(delta.choice, delta.channel, text))
+
+    async def _release(self, delta: TextDelta) -> None:
+        """Text of a turn that did not stream (the guarded path applies its delivery rule here)."""
+        await self._text(delta)
+
+    async def _close(self, decision: Decision, number: int) -> Attempted:
+        """End the stream with ``decision``'s turn (tool calls, finish, usage, terminator)."""
+        assert decision.turn is not None
+        await self.response.end(self.call.emitter.close(redact_turn(decision.turn, self.log.secrets)))
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+
+    async def _not_sse(self, number: int, target: UpstreamTarget, started: float,
+                       upstream: UpstreamResponse) -> Attempted:
+        """A 200 that is no event stream, to a streaming request: an error body in place of the stream is that
+        error (retried when it is retryable); a whole ``chat.completion`` is the turn, sent as a canonical
+        stream; anything else is retried. Never an empty "successful" stream."""
+        body = await upstream.read_capped(NON_STREAM_CAP)
+        error = _error_body(body)
+        if error is not None:
+            action = Action.RETRY if error.retryable else Action.ERROR
+            finding = Finding(FindingKind.UPSTREAM_NOT_SSE, Severity.ERROR, action,
+                              f"an error body in place of the stream: {error.message[:300]}")
+            decision = self.log.scrub(Decision(Outcome.UPSTREAM_ERROR, None, (finding,), finding.detail, error))
+            self.log.add(target, "upstream-error", started, upstream_status=200, findings=decision.findings,
+                         abort_reason=decision.reason, bytes_received=len(body), body=body)
+            return Attempted(decision)
+        note = Finding(FindingKind.UPSTREAM_NOT_SSE, Severity.INFO, Action.NORMALIZED,
+                       "a whole chat.completion instead of an event stream; sent as a stream")
+        decision = self.log.scrub(decide_completion(body, self.request.spec, self.call.plan.policy))
+        outcome = Outcome.NORMALIZED if decision.outcome is Outcome.CLEAN else decision.outcome
+        decision = dataclasses.replace(decision, outcome=outcome, findings=(note, *decision.findings))
+        prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
+        self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
+                     abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,
+                     completion_tokens=completion, bytes_received=len(body), frames=1, body=body)
+        if not decision.usable or decision.turn is None:
+            return Attempted(decision)
+        for choice in decision.turn.choices:
+            for channel, text in (("reasoning", choice.reasoning), ("content", choice.content),
+                                  ("refusal", choice.refusal)):
+                if text:
+                    await self._release(TextDelta(choice.index, channel, text))  # type: ignore[arg-type]
+        return await self._close(decision, number)
+
     async def give_up(self, answer: Answer) -> None:
         """Render ``answer`` (``answer_for``) in the client's protocol."""
         response, emitter = self.response, self.call.emitter
@@ -119,42 +166,61 @@ class _Path(abc.ABC):
 
 
 class PassThrough(_Path):
-    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged."""
+    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged, checked on the side."""
 
     async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
         async with self.open(target) as upstream:
             self.log.refusals(target, upstream)
             if upstream.status != 200:
                 return Attempted(await self.log.http_failure(target, started, upstream))
+            if not is_event_stream(upstream):
+                return await self._not_sse(number, target, started, upstream)
             content_type = upstream.headers.get("content-type", "text/event-stream").encode()
             await self.response.start(200, [(b"content-type", content_type), (b"cache-control", b"no-cache"),
                                             (b"x-accel-buffering", b"no")])
-            size, tail = await self._forward(upstream)
-            await self.response.end()
-        prompt, completion = usage_tokens(usage_from_tail(tail))
-        self.log.add(target, "clean", started, upstream_status=200, bytes_received=size,
-                     prompt_tokens=prompt, completion_tokens=completion)
-        return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)
+            check = PassCheck(max_line=settings.MAX_SSE_LINE_BYTES, secrets=self.log.secrets)
+            size = await self._forward(upstream, check)
+        return await self._ended(number, target, started, size, check)
 
-    async def _forward(self, upstream: UpstreamResponse) -> tuple[int, bytes]:
-        """Forward every chunk; return the bytes received and the stream's last ``TAIL_BYTES``."""
-        # The last chunks covering TAIL_BYTES, joined once at the end (not an 8 KB copy per chunk).
-        recent: deque[bytes] = deque()
-        kept, size, send, ready = 0, 0, self.response.send, self.response.ready
+    async def _forward(self, upstream: UpstreamResponse, check: PassCheck) -> int:
+        """Forward every chunk as it arrives (cut at its last line end); return the bytes received."""
+        size, send, ready, feed = 0, self.response.send, self.response.ready, check.feed
         async for chunk in upstream.chunks():
-            await send(chunk)
-            await ready()  # a slow reader pauses the upstream read here
             size += len(chunk)
-            recent.append(chunk)
-            kept += len(chunk)
-            while kept - len(recent[0]) >= TAIL_BYTES:
-                kept -= len(recent.popleft())
-        return size, b"".join(recent)[-TAIL_BYTES:]
+            data = feed(chunk)
+            if data:
+                await send(data)
+            await ready()  # a slow reader pauses the upstream read here
+        return size
+
+    async def _ended(self, number: int, target: UpstreamTarget, started: float, size: int,
+                     check: PassCheck) -> Attempted:
+        """The upstream body ended: record what the side checks saw; a stream that ended with neither a
+        finish reason nor ``[DONE]`` gets the protocol's error at its end, never a silent success."""
+        findings = check.finish()
+        prompt, completion = usage_tokens(check.usage)
+        fatal = any(f.fatal for f in findings)
+        outcome = "upstream-error" if fatal else ("normalized" if findings else "clean")
+        reason = next((f.detail for f in findings if f.fatal), "")
+        self.log.add(target, outcome, started, upstream_status=200, bytes_received=size, frames=check.frames,
+                     prompt_tokens=prompt, completion_tokens=completion, findings=findings, abort_reason=reason)
+        if check.broken_off:
+            error = UpstreamError(502, f"the upstream stream ended without a finish reason (request id: "
+                                       f"{self.response.request_id})", "upstream_error", code="upstream_truncated")
+            await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
+        else:
+            await self.response.end()
+        if fatal:
+            request_outcome = RequestOutcome.UPSTREAM_ERROR
+        else:
+            request_outcome = RequestOutcome.RECOVERED if number > 0 else RequestOutcome(outcome)
+        return Attempted(_NO_DECISION, delivered=True, outcome=request_outcome, error=reason)
 
     async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
         """The upstream failed after bytes were forwarded: nothing can be retried, so end the stream with
-        the protocol's in-stream error (PROTOCOLS.md 1.6), never a silently truncated success. The
-        leading blank lines end any event the upstream left half-sent."""
+        the protocol's in-stream error (PROTOCOLS.md 1.6), never a silently truncated success. A half line
+        was never forwarded (``PassCheck``); the leading blank lines end an event whose complete data lines
+        the client has, so the error event stands alone."""
         if not self.response.committed:
             return await super()._broke(target, started, exc)
         decision = self.log.transport_failure(target, started, exc, upstream_status=200)
@@ -188,6 +254,8 @@ class Guarded(_Path):
             self.log.refusals(target, upstream)
             if upstream.status != 200:
                 return Attempted(await self.log.http_failure(target, started, upstream))
+            if not is_event_stream(upstream):
+                return await self._not_sse(number, target, started, upstream)
             spec = dataclasses.replace(self.request.spec, usage_requested=upstream.asked_usage)
             guard = AttemptGuard(spec, self.policy)
             async for chunk in upstream.chunks():
@@ -213,28 +281,30 @@ class Guarded(_Path):
                      bytes_received=size, frames=guard.frames, body=b"".join(parts))
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
+        return await self._close(decision, number)
+
+    async def _release(self, delta: TextDelta) -> None:
+        if self.delivery.offer(delta) is not None:
+            await self._text(delta)
+
+    async def _close(self, decision: Decision, number: int) -> Attempted:
+        """Deliver a usable turn: the text the delivery rule still sends, then tool calls, finish, terminator."""
+        assert decision.turn is not None
         for delta in self.delivery.settle(decision.turn):
             await self._text(delta)
-        await self.response.end(self.call.emitter.close(redact_turn(decision.turn, self.log.secrets)))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+        return await super()._close(decision, number)
 
     async def _handle(self, events: list[Any]) -> Abort | None:
         """Act on guard events: release or hold text, commit on a valid tool call; return an Abort if any."""
         abort = None
         for event in events:
             if isinstance(event, TextDelta):
-                if self.delivery.offer(event) is not None:
-                    await self._text(event)
+                await self._release(event)
             elif isinstance(event, ToolCallValid):
                 await self.response.commit_stream()
             elif isinstance(event, Abort):
                 abort = abort or event
         return abort
-
-    async def _text(self, delta: TextDelta) -> None:
-        text = redact(delta.text, self.log.secrets)  # an upstream echoing toolrelay's credential
-        await self.response.stream(self.call.emitter.text(delta.choice, delta.channel, text))
-
 
 class NonStream(_Path):
     """A non-stream request: one JSON answer when it is ready."""
@@ -285,15 +355,18 @@ def redact_turn(turn: Turn, secrets: frozenset[str]) -> Turn:
     return dataclasses.replace(turn, choices=choices)
 
 
-def usage_from_tail(tail: bytes) -> dict[str, Any] | None:
-    """The last ``usage`` object found in the data lines of an SSE tail, else None."""
-    for line in reversed(tail.split(b"\n")):
-        if b'"usage"' not in line or not line.startswith(b"data:"):
-            continue
-        try:
-            usage = json.loads(line[5:]).get("usage")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(usage, dict):
-            return usage
+def is_event_stream(upstream: UpstreamResponse) -> bool:
+    """True when the answer is an event stream (or says nothing about its type: then it is read as one)."""
+    content_type = upstream.headers.get("content-type", "")
+    return not content_type or "event-stream" in content_type or "ndjson" in content_type
+
+
+def _error_body(body: bytes) -> UpstreamError | None:
+    """The error of a JSON error body (``{"error": ...}``), else None."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(obj, dict) and obj.get("error"):
+        return classify_inband_error(obj["error"])
     return None

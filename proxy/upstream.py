@@ -150,9 +150,12 @@ class UpstreamResponse:
         """Raw body chunks as they arrive (no re-chunking: ``aiter_raw()`` without ``chunk_size``).
 
         Raises ``UpstreamTimeout`` when ``idle_timeout`` passes between two chunks and
-        ``UpstreamUnavailable`` when the connection breaks mid-body.
+        ``UpstreamUnavailable`` when the connection breaks mid-body. An upstream that compresses although
+        it was asked for ``identity`` is decoded (the client must get bytes it can read).
         """
-        iterator = self._response.aiter_raw()
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        decode = encoding not in ("", "identity")
+        iterator = self._response.aiter_bytes() if decode else self._response.aiter_raw()
         loop = asyncio.get_running_loop()
         watch = _IdleWatch(self._idle)
         try:
@@ -167,6 +170,8 @@ class UpstreamResponse:
             if watch.timed_out():
                 raise UpstreamTimeout("data", self._idle) from None
             raise
+        except httpx.DecodingError as exc:
+            raise UpstreamUnavailable(f"the upstream's {encoding} body does not decode: {exc}") from exc
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(f"the upstream connection broke: {type(exc).__name__}") from exc
         finally:
@@ -208,7 +213,9 @@ def secrets_of(target: UpstreamTarget) -> frozenset[str]:
 
 def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
     """Headers for an upstream call: the decrypted credential as a Bearer token, extra headers, JSON."""
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT,
+    # identity: the bytes a pass-through forwards must be what the client can read (httpx asks for gzip
+    # by default, and aiter_raw() does not decode it).
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity",
                "accept": "text/event-stream" if stream else "application/json"}
     credential = _decrypted(target.credential_encrypted)
     if credential:

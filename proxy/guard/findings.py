@@ -108,6 +108,7 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_NOT_SSE = "upstream-not-sse"
     OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream address is refused (SSRF policy)
+    CREDENTIAL_REFLECTED = "credential-reflected"  # the upstream echoed toolrelay's credential in an answer
     REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries
     # Input-side family members (accumulate / sse).
     INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason

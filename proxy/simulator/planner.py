@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.simulator import cases, faults, frames
+from proxy.simulator import cases, faults, frames, hostile
 from proxy.simulator.scenario import Scenario, ScenarioError
 from proxy.simulator.turns import GenOptions, Turn, declared_tools, generate_turn, text_turn
 
@@ -203,8 +203,12 @@ def _turn_reply(ctx: PlanContext, turn: Turn, fault: tuple[faults.Fault, faults.
 
 
 def _plan_failure(ctx: PlanContext) -> Reply:
-    """``http:S``, ``stall-first-byte=MS``, ``stall-after=K``, ``drop-after=K`` over a clean gen turn."""
+    """``http:S``, ``stall-first-byte=MS``, ``stall-after=K``, ``drop-after=K``, ``hostile:KIND`` over a
+    clean gen turn."""
     scenario = ctx.scenario
+    if scenario.mode == "hostile":
+        reply = _plan_gen(ctx, clean=True)
+        return hostile.disturb(reply, ctx) if ctx.broken else reply
     if scenario.mode == "http":
         status = scenario.int_value()
         if not 400 <= status <= 599:

@@ -20,11 +20,12 @@ MODE_OPTIONS: dict[str, frozenset[str]] = {
     "stall-first-byte": _GEN,
     "stall-after": _GEN | {"ms"},
     "drop-after": _GEN,
+    "hostile": _GEN | {"ms", "bytes"},
 }
 #: Modes that disturb a generated answer (and may follow ``gen:<options>:``).
-_FAILURES = frozenset({"http", "stall-first-byte", "stall-after", "drop-after"})
+_FAILURES = frozenset({"http", "stall-first-byte", "stall-after", "drop-after", "hostile"})
 #: Modes whose value (``case:C14``, ``http:429``, ``drop-after=3``) is required.
-_VALUE_REQUIRED = frozenset({"case", "text", "http", "stall-first-byte", "stall-after", "drop-after"})
+_VALUE_REQUIRED = frozenset({"case", "text", "http", "stall-first-byte", "stall-after", "drop-after", "hostile"})
 
 
 class ScenarioError(ValueError):

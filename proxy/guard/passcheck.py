@@ -1,0 +1,132 @@
+"""Side checks on a byte-exact pass-through stream: what would break a client, seen without changing a byte.
+
+A tool-less OpenAI Chat stream goes to the client as the upstream sent it. ``PassCheck`` reads the
+same bytes on the side and reports what a client's SSE parser would trip on (PROTOCOLS.md 0, 1.5,
+1.6, 5): a data line that is not JSON, an in-stream ``error`` object, a stream that ends without a
+finish reason and without ``[DONE]`` (a silent truncation), an event left half-sent. It also reads
+the usage chunk and counts frames for the audit.
+
+One change to the byte stream, and only in where it is cut: ``feed`` returns the bytes up to the
+last line end and keeps the rest of an unfinished line until its end arrives (at most
+``max_line`` bytes). A client's SSE parser acts on whole lines only, so it sees nothing later than
+it would have; but when the upstream breaks off mid-line, the half line never reaches the client,
+and the error event the relay appends cannot be glued to it (openai-python would raise
+``JSONDecodeError`` on the glued event instead of ``APIError``). Sans-IO; never raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+
+K = FindingKind
+
+
+class PassCheck:
+    """Feed every upstream chunk (``feed`` returns what to forward now), then ``finish``.
+
+    ``frames``: data events seen; ``usage``: the last usage object; ``done``: ``[DONE]`` seen;
+    ``finished``: a non-null ``finish_reason`` seen; ``findings``: what a client would trip on.
+    ``secrets``: toolrelay's credentials for the upstream; an answer that echoes one is a finding (the
+    bytes stay as they are: the pass-through never changes a byte).
+    """
+
+    __slots__ = ("max_line", "frames", "usage", "done", "finished", "findings", "_carry", "_open", "_kinds",
+                 "error", "_secrets")
+
+    def __init__(self, *, max_line: int = 4 << 20, secrets: Iterable[str] = ()) -> None:
+        self.max_line = max_line
+        self._secrets = tuple(s.encode() for s in secrets if s)
+        self.frames = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.finished = False
+        self.error: Any = None  # the first in-stream error object
+        self.findings: list[Finding] = []
+        self._carry = b""  # an unfinished line held back
+        self._open = False  # data lines since the last blank line: an event not dispatched yet
+        self._kinds: set[FindingKind] = set()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of ``chunk`` (after what was held) that end with a line end; the rest is held."""
+        data = self._carry + chunk if self._carry else chunk
+        cut = data.rfind(b"\n") + 1
+        if self._secrets and any(secret in data for secret in self._secrets):
+            self._note(K.CREDENTIAL_REFLECTED, "the upstream's answer contains toolrelay's credential for it "
+                       "(forwarded unchanged: the pass-through is byte-exact)")
+        if cut == 0 and len(data) <= self.max_line:
+            self._carry = data
+            return b""
+        if cut == 0:  # a line past the bound: forward it rather than hold it without end
+            self._note(K.UNPARSEABLE_DATA_FRAME, "an SSE line longer than the bound was forwarded unchecked")
+            self._carry = b""
+            return data
+        ready, self._carry = data[:cut], data[cut:]
+        if len(self._carry) > self.max_line:
+            ready, self._carry = data, b""
+        self._lines(ready)
+        return ready
+
+    def _lines(self, ready: bytes) -> None:
+        for line in ready.split(b"\n")[:-1]:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                self._open = False
+            elif line.startswith(b"data:"):
+                self._open = True
+                self._data(line[5:].strip())
+
+    def _data(self, data: bytes) -> None:
+        self.frames += 1
+        if data.startswith(b"[DONE]"):
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self._note(K.UNPARSEABLE_DATA_FRAME, "a data line of the pass-through stream is not JSON")
+            return
+        if not isinstance(obj, dict):
+            return
+        if obj.get("error"):
+            self.error = self.error or obj["error"]
+            self._note(K.MID_STREAM_ERROR_CHUNK, "an in-stream error object reached the client", Action.ERROR)
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = obj.get("choices")
+        if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+            self.finished = True
+
+    @property
+    def half_sent(self) -> bool:
+        """True when the client has data lines of an event that no blank line dispatched yet."""
+        return self._open
+
+    @property
+    def broken_off(self) -> bool:
+        """True when the stream ended with neither a finish reason nor ``[DONE]``: a truncated success."""
+        return not (self.done or self.finished)
+
+    def finish(self) -> list[Finding]:
+        """The end of the upstream body: the findings (a held unfinished line is dropped, and noted)."""
+        if self._carry.strip():
+            self._note(K.FUSED_TRUNCATED_SSE_FRAMES, "the stream ended inside a line (not forwarded)")
+        self._carry = b""
+        if self.broken_off:
+            self._note(K.MISSING_FINISH_REASON, "stream ended without finish_reason and without [DONE]",
+                       Action.ERROR)
+        elif not self.done:
+            self._note(K.EOF_WITHOUT_DONE, "stream ended without [DONE]", Action.NORMALIZED)
+        return self.findings
+
+    def _note(self, kind: FindingKind, detail: str, action: Action = Action.IGNORED) -> None:
+        if kind in self._kinds:
+            return
+        self._kinds.add(kind)
+        severity = {Action.ERROR: Severity.ERROR, Action.NORMALIZED: Severity.INFO}.get(action, Severity.WARNING)
+        self.findings.append(Finding(kind, severity, action, detail, frame=self.frames))

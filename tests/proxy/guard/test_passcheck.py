@@ -1,0 +1,106 @@
+"""``PassCheck``: the side checks of a byte-exact pass-through, at every split of the stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.guard.findings import FindingKind
+from proxy.guard.passcheck import PassCheck
+
+K = FindingKind
+
+
+def frame(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chunk(text: str | None = None, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+    delta = {"content": text} if text is not None else {}
+    body: dict[str, object] = {"id": "c", "object": "chat.completion.chunk",
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage is not None:
+        body = {"id": "c", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return frame(body)
+
+
+CLEAN = chunk("Hel") + chunk("lo") + chunk(finish="stop") + chunk(usage={"prompt_tokens": 3,
+                                                                         "completion_tokens": 2}) + b"data: [DONE]\n\n"
+
+
+def run(body: bytes, step: int) -> tuple[PassCheck, bytes]:
+    check = PassCheck()
+    out = b"".join(check.feed(body[i:i + step]) for i in range(0, len(body), step))
+    check.finish()
+    return check, out
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 10_000])
+def test_it_forwards_every_byte_of_a_clean_stream_and_finds_nothing(step: int) -> None:
+    """Clean stream, any split: the same bytes out, no finding, usage and frames read."""
+    check, out = run(CLEAN, step)
+    assert out == CLEAN and check.findings == []
+    assert check.usage == {"prompt_tokens": 3, "completion_tokens": 2} and check.frames == 5 and check.done
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=60))
+def test_it_never_forwards_half_a_line(cuts: list[int]) -> None:
+    """Whatever the chunking, what goes out always ends at a line end (or is nothing)."""
+    check = PassCheck()
+    position = 0
+    for size in cuts:
+        out = check.feed(CLEAN[position:position + size])
+        position += size
+        assert out == b"" or out.endswith(b"\n")
+        if position >= len(CLEAN):
+            break
+
+
+def test_it_holds_back_the_half_line_of_a_stream_cut_mid_frame() -> None:
+    """Broken off inside a data line: the half line never reaches the client, and the stream is broken off."""
+    body = chunk("Hel") + chunk("lo")[:20]
+    check = PassCheck()
+    out = check.feed(body)
+    findings = check.finish()
+    assert out == chunk("Hel")
+    kinds = {f.kind for f in findings}
+    assert check.broken_off and {K.FUSED_TRUNCATED_SSE_FRAMES, K.MISSING_FINISH_REASON} <= kinds
+
+
+def test_it_finds_what_breaks_clients() -> None:
+    """Unparseable data, an in-stream error object, a missing [DONE] after a finish reason."""
+    body = b"data: {nope\n\n" + frame({"error": {"message": "overloaded"}}) + chunk(finish="stop")
+    check, out = run(body, 5)
+    kinds = {f.kind: f for f in check.findings}
+    assert out == body
+    assert set(kinds) == {K.UNPARSEABLE_DATA_FRAME, K.MID_STREAM_ERROR_CHUNK, K.EOF_WITHOUT_DONE}
+    assert kinds[K.MID_STREAM_ERROR_CHUNK].fatal and not kinds[K.EOF_WITHOUT_DONE].fatal
+    assert not check.broken_off and check.error == {"message": "overloaded"}
+
+
+def test_it_says_when_the_client_has_an_event_not_dispatched_yet() -> None:
+    """Complete data lines without their blank line: the event is half-sent (a blank line ends it whole)."""
+    check = PassCheck()
+    check.feed(chunk("a")[:-1])
+    assert check.half_sent
+    check.feed(b"\n")
+    assert not check.half_sent
+
+
+def test_it_notes_an_echoed_credential_without_changing_a_byte() -> None:
+    """An answer carrying toolrelay's upstream credential is forwarded as it is and becomes a finding."""
+    body = chunk("your key is sk-upstream-0042") + b"data: [DONE]\n\n"
+    check = PassCheck(secrets=["sk-upstream-0042"])
+    assert check.feed(body) == body
+    assert [f.kind for f in check.finish()] == [K.CREDENTIAL_REFLECTED]
+
+
+def test_it_bounds_what_it_holds() -> None:
+    """A line longer than the bound is forwarded unchecked rather than held without end."""
+    check = PassCheck(max_line=100)
+    data = b"data: " + b"x" * 500
+    assert check.feed(data) == data
+    assert K.UNPARSEABLE_DATA_FRAME in {f.kind for f in check.findings}
