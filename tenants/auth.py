@@ -337,12 +337,40 @@ async def _refresh(raw: str) -> None:
 _down_until = 0.0
 #: How long one failed lookup marks the database down (seconds).
 DOWN_SECONDS = 2.0
+#: How long a key this process knows waits for its database lookup before its last good answer is served
+#: (seconds): a healthy database answers in milliseconds, so a revocation is still seen at once.
+KNOWN_KEY_WAIT = 0.25
+
+
+def _note_failure(future: asyncio.Future[Principal | None]) -> None:
+    global _down_until
+    if not future.cancelled() and future.exception() is not None:
+        _down_until = time.monotonic() + DOWN_SECONDS
 
 
 async def _looked_up(raw: str, digest: str) -> Principal | None:
-    """The database's answer, else (database down, slow or frozen) the key's last good principal."""
+    """The database's answer, else (database down, slow or frozen) the key's last good principal.
+
+    A key this process knows waits at most ``KNOWN_KEY_WAIT`` for the database: past it, its last good
+    answer is served and the lookup goes on in its thread, its answer (a revocation too) replacing it.
+    """
     global _down_until
     loop = asyncio.get_running_loop()
+    remembered: Principal | None = last_good.recall_memory(digest)
+    if remembered is not None and time.monotonic() >= _down_until:
+        future = loop.run_in_executor(_LOOKUPS, _lookup, raw, False)
+        done, _ = await asyncio.wait({future}, timeout=KNOWN_KEY_WAIT)
+        if done:
+            try:
+                return future.result()
+            except (DatabaseError, TimeoutError) as exc:
+                _down_until = time.monotonic() + DOWN_SECONDS
+                logger.warning("database unavailable (%s): serving key %s from its last good answer", exc,
+                               digest[:8])
+        else:
+            future.add_done_callback(_note_failure)
+        key_cache.put(digest, remembered)
+        return remembered
     if time.monotonic() < _down_until:
         stale: Principal | None = await loop.run_in_executor(None, last_good.recall, digest)
         if stale is None:
