@@ -224,11 +224,12 @@ def journal_batch_write(batch: Batch) -> int:
     """Write ``batch`` in one transaction, idempotently; returns the attempts skipped because their request
     row is unknown (their start record was dropped at the journal's bound)."""
     with transaction.atomic():
-        known = _requests(batch)
-        return _attempts(batch, known)
+        known, created = _requests(batch)
+        return _attempts(batch, known, created)
 
 
-def _requests(batch: Batch) -> set[str]:
+def _requests(batch: Batch) -> tuple[set[str], set[str]]:
+    """Insert the batch's new request rows, finish the existing ones; ``(known ids, ids created now)``."""
     ids = batch.ids
     existing = {str(i) for i in ProxyRequest.objects.filter(id__in=[uuid.UUID(i) for i in ids])
                 .values_list("id", flat=True)}
@@ -243,13 +244,15 @@ def _requests(batch: Batch) -> set[str]:
         updated.append(row)
     if updated:
         ProxyRequest.objects.bulk_update(updated, list(_RESULT_FIELDS))
-    return existing | {str(r.id) for r in new}
+    created = {str(r.id) for r in new}
+    return existing | created, created
 
 
-def _attempts(batch: Batch, known: set[str]) -> int:
+def _attempts(batch: Batch, known: set[str], created: set[str]) -> int:
     pending = [a for a in batch.attempts if a["id"] in known]
-    have = set(Attempt.objects.filter(request_id__in=[uuid.UUID(i) for i in {a["id"] for a in pending}])
-               .values_list("request_id", "number"))
+    older = {a["id"] for a in pending} - created  # a request created in this batch has no attempt row yet
+    have = set(Attempt.objects.filter(request_id__in=[uuid.UUID(i) for i in older])
+               .values_list("request_id", "number")) if older else set()
     fresh = [a for a in pending if (uuid.UUID(a["id"]), a["number"]) not in have]
     rows = Attempt.objects.bulk_create([_attempt_row(a) for a in fresh])
     Finding.objects.bulk_create([_finding_row(a, row, f) for a, row in zip(fresh, rows, strict=True)

@@ -75,7 +75,7 @@ AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 #: how often the writer moves it into the database and fsyncs it (seconds).
 JOURNAL_DIR = envstr("JOURNAL_DIR", str(VAR_DIR / "journal"))
 JOURNAL_MAX_BYTES = envint("JOURNAL_MAX_BYTES", 256 * 1024 * 1024)
-JOURNAL_BATCH_SECONDS = envfloat("JOURNAL_BATCH_SECONDS", 0.1)
+JOURNAL_BATCH_SECONDS = envfloat("JOURNAL_BATCH_SECONDS", 0.5)
 JOURNAL_FSYNC_SECONDS = envfloat("JOURNAL_FSYNC_SECONDS", 0.1)
 JOURNAL_ORPHAN_SCAN_SECONDS = envfloat("JOURNAL_ORPHAN_SCAN_SECONDS", 30.0)
 #: With nothing to write, the writer checks the database this often (seconds) for /readyz.

@@ -15,6 +15,7 @@ too), and a transport never follows them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -146,10 +147,19 @@ class SyncPolicyNetworkBackend(httpcore.NetworkBackend):
 
 def _check_request_url(request: httpx.Request) -> None:
     """Refuse before any connect what the URL alone gives away (userinfo, scheme, junk hosts)."""
-    if request.url.userinfo:
-        raise OutboundRefused(str(request.url), "", "credentials in the URL (user:pass@) are not allowed; "
-                                                    "use the credential field")
-    parse_url(str(request.url.copy_with(query=None, fragment=None)))
+    url = request.url
+    if url.userinfo:
+        raise OutboundRefused(str(url), "", "credentials in the URL (user:pass@) are not allowed; "
+                                            "use the credential field")
+    _check_origin(url.scheme, url.host, url.port)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_origin(scheme: str, host: str, port: int | None) -> None:
+    """``parse_url`` of an origin, once per origin (a pooled upstream is asked thousands of times a minute;
+    building and parsing its URL each time cost ~0.4 ms per request). Refusals raise and are not cached."""
+    shown = f"[{host}]" if ":" in host else host
+    parse_url(f"{scheme}://{shown}{f':{port}' if port is not None else ''}/")
 
 
 class OutboundTransport(httpx.AsyncHTTPTransport):
