@@ -330,7 +330,8 @@ class UpstreamClient:
         ``UpstreamMisconfigured`` (stored secrets that do not decrypt).
         """
         headers = self._headers(target, stream=request.stream)
-        self._follow_shared()
+        if self._following is None and settings.REDIS_URL:
+            await self._follow_shared()
         first_byte = min(target.first_byte_timeout, first_byte if first_byte is not None else target.first_byte_timeout)
         idle = min(target.idle_timeout, idle if idle is not None else target.idle_timeout)
         fixes = self.learned.fixes(target.upstream_id, target.model, target.learned)
@@ -377,12 +378,12 @@ class UpstreamClient:
         if facts:
             record(facts, self._share)
 
-    def _follow_shared(self) -> None:
-        """With ``REDIS_URL``, start following the facts other processes learned (once per client)."""
-        if self._following is None and settings.REDIS_URL:
-            self._share = RedisShare(settings.REDIS_URL)
-            self._following = asyncio.ensure_future(
-                self._share.follow(self.learned, settings.UPSTREAM_LEARNED_SYNC_SECONDS))
+    async def _follow_shared(self) -> None:
+        """Start following the facts other processes learned (``REDIS_URL``): the first call of the process
+        waits for one read of them (a round trip, bounded by a 0.5 s socket timeout), later ones never."""
+        self._share = share = RedisShare(settings.REDIS_URL)
+        self._following = asyncio.ensure_future(share.follow(self.learned, settings.UPSTREAM_LEARNED_SYNC_SECONDS))
+        self.learned.absorb(await share.pull())
 
     def _headers(self, target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
         try:
