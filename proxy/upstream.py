@@ -281,15 +281,18 @@ def _merged(body: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _read_capped(response: httpx.Response, cap: int = ERROR_BODY_CAP) -> bytes:
+    """Up to ``cap`` bytes of an error body, decoded when the upstream compressed it anyway."""
     parts: list[bytes] = []
     size = 0
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    chunks = response.aiter_raw() if encoding in ("", "identity") else response.aiter_bytes()
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in chunks:
             parts.append(chunk)
             size += len(chunk)
             if size >= cap:
                 break
-    except httpx.TransportError:
+    except (httpx.TransportError, httpx.DecodingError):
         pass  # what arrived is enough to classify the refusal
     return b"".join(parts)[:cap]
 
