@@ -3,9 +3,12 @@
 The relay builds plain records in memory and appends them at once to this process's journal
 (``audit.journal``): ``request_started`` when a request is understood, ``attempt_finished`` when an
 upstream call ends (so a corrupted attempt is on record before its retry starts), ``request_finished``
-when the response has ended. Appending is a few microseconds and never raises or waits for the
-database. The journal writer (``audit.journal_writer``) hands batches of records to
-``journal_batch_write``, which writes them in one transaction, idempotently: request rows are
+when the response has ended. The upstream client appends ``limit_learned`` when it learns what an
+upstream refuses (``proxy.learned``); the writer keeps it as the ``UpstreamLearnedLimit`` row of its
+upstream, model and parameter (the one learned last wins; an admin's later edit is kept).
+Appending is a few microseconds and never raises or waits for the database. The journal writer
+(``audit.journal_writer``) hands batches of records to ``journal_batch_write``, which writes them in
+one transaction, idempotently: request rows are
 keyed by the request id, attempts by (request, number), so replaying a batch never duplicates a
 row. Nothing here ever sees request headers or credentials.
 """
@@ -136,6 +139,14 @@ def attempt_finished(*, request: RequestRecord, attempt: AttemptRecord) -> None:
     _journal_append(record)
 
 
+def limit_learned(*, fact: Any) -> None:
+    """Journal a fact the upstream client learned (a ``proxy.learned.LearnedFact``)."""
+    _journal_append({"t": "learned", "fact": {"upstream_id": fact.upstream_id, "model": fact.model[:200],
+                                              "parameter": fact.parameter[:100], "limit": fact.limit,
+                                              "learned_at": fact.learned_at, "expires_at": fact.expires_at,
+                                              "detail": fact.detail[:1000]}})
+
+
 def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
     """Journal how ``request`` ended (self-contained: the row can be created from this record alone)."""
     r = result
@@ -196,6 +207,7 @@ class Batch:
     finishes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # request-level findings by request
+    learned: list[dict[str, Any]] = field(default_factory=list)  # learned upstream limits, in journal order
 
     @classmethod
     def of(cls, records: Iterable[dict[str, Any]]) -> Batch:
@@ -203,6 +215,9 @@ class Batch:
         batch = cls()
         for record in records:
             kind, rid = record.get("t"), record.get("id")
+            if kind == "learned" and isinstance(record.get("fact"), dict):
+                batch.learned.append(record["fact"])
+                continue
             if not isinstance(rid, str):
                 continue
             if kind == "start":
@@ -225,7 +240,9 @@ def journal_batch_write(batch: Batch) -> int:
     row is unknown (their start record was dropped at the journal's bound)."""
     with transaction.atomic():
         known, created = _requests(batch)
-        return _attempts(batch, known, created)
+        skipped = _attempts(batch, known, created)
+        _learned(batch.learned)
+        return skipped
 
 
 def _requests(batch: Batch) -> tuple[set[str], set[str]]:
@@ -291,6 +308,31 @@ def _fragment_row(a: dict[str, Any], row: Attempt) -> Fragment:
     body = base64.b64decode(a["body"]).decode("utf-8", "backslashreplace")
     return Fragment(attempt=row, tenant_id_copy=a["tenant_id"], body=db_text(body),
                     truncated=bool(a.get("truncated")), created=row.created)
+
+
+def _learned(records: list[dict[str, Any]]) -> None:
+    """Keep each (upstream, model, parameter) fact learned last, unless its row was set later (an admin's
+    edit); facts of upstreams deleted meanwhile are dropped."""
+    from tenants.models import Upstream, UpstreamLearnedLimit
+
+    newest: dict[tuple[int, str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (int(r["upstream_id"]), db_text(r["model"])[:200], db_text(r["parameter"])[:100])
+        if key not in newest or newest[key]["learned_at"] <= r["learned_at"]:
+            newest[key] = r
+    if not newest:
+        return
+    alive = set(Upstream.objects.filter(pk__in={k[0] for k in newest}).values_list("pk", flat=True))
+    rows = {(r.upstream_id, r.model, r.parameter): r for r in UpstreamLearnedLimit.objects.filter(
+        upstream_id__in=alive, model__in={k[1] for k in newest})}
+    for key, r in newest.items():
+        held = rows.get(key)
+        if key[0] not in alive or (held is not None and held.learned_at >= _when(r["learned_at"])):
+            continue
+        UpstreamLearnedLimit.objects.update_or_create(
+            upstream_id=key[0], model=key[1], parameter=key[2],
+            defaults={"value": r.get("limit"), "learned_at": _when(r["learned_at"]),
+                      "expires_at": _when(r["expires_at"]), "detail": db_text(r.get("detail", ""))})
 
 
 def requests_interrupt(*, ids: Iterable[str]) -> int:

@@ -66,6 +66,15 @@ RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
 #: address policy (``proxy.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
 #: Operators only (no tenant admin can change it). Empty: public addresses only.
 UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
+#: What an upstream was learned to refuse (proxy/learned.py: an output budget over its range, a parameter it
+#: refuses) holds this long (seconds; default 7 days), so a raised limit is noticed; with REDIS_URL every
+#: process pulls what the others learned this often (seconds).
+UPSTREAM_LEARNED_TTL_SECONDS = envfloat("UPSTREAM_LEARNED_TTL_SECONDS", 7 * 24 * 3600.0)
+UPSTREAM_LEARNED_SYNC_SECONDS = envfloat("UPSTREAM_LEARNED_SYNC_SECONDS", 5.0)
+#: GET /v1/models also lists the default upstream's own models (its GET {base_url}/models), cached this long
+#: per upstream (seconds; a failed listing is retried after a tenth of it), fetched with this timeout.
+UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
+UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
 #: Raw upstream body kept per attempt in the audit (bytes).

@@ -18,6 +18,7 @@ from proxy import metrics
 from proxy.guard.errors import http_error_decision
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.refusals import Refused
 from proxy.scrub import redact
 from proxy.upstream import (
     Refusal,
@@ -46,6 +47,13 @@ def failure_decision(exc: Exception) -> Decision:
         kind = FindingKind.UPSTREAM_CONNECTION_ERROR
     finding = Finding(kind, Severity.ERROR, Action.RETRY, str(exc))
     return Decision(Outcome.UPSTREAM_ERROR, None, (finding,), reason=str(exc), error=error)
+
+
+def parameter_refused_detail(refused: Refused) -> str:
+    """The audit's sentence for a parameter refusal, e.g. ``deepseek refused it: "Invalid max_tokens
+    value, ..."; asked again at once with max_tokens <= 8192 (remembered)``."""
+    fixes = ", ".join(f"{f.describe()} ({'remembered' if f.remember else 'this request only'})" for f in refused.fixes)
+    return f'{refused.family} refused it: "{refused.message}"; asked again at once with {fixes}'[:1000]
 
 
 def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
@@ -103,9 +111,17 @@ class AttemptLog:
         return dataclasses.replace(decision, findings=findings, reason=redact(decision.reason, secrets), error=error)
 
     def refusals(self, target: UpstreamTarget, response: UpstreamResponse) -> None:
-        """Record the answers the upstream client asked again past (each a call of its own)."""
+        """Record the answers the upstream client asked again past (each a call of its own); a parameter
+        refusal carries an ``upstream-parameter-refused`` finding saying what was fixed."""
         for refusal in response.refusals:
-            self._http_record(target, refusal)
+            if refusal.refused is None:
+                self._http_record(target, refusal)
+                continue
+            finding = Finding(FindingKind.UPSTREAM_PARAMETER_REFUSED, Severity.WARNING, Action.RETRY,
+                              redact(parameter_refused_detail(refusal.refused), self.secrets),
+                              fragment=redact(refusal.refused.message, self.secrets))
+            self.add(target, "upstream-error", refusal.started, ended=refusal.ended, upstream_status=refusal.status,
+                     findings=(finding,), abort_reason=finding.detail, body=refusal.body)
 
     def _http_record(self, target: UpstreamTarget, refusal: Refusal) -> Decision:
         decision = self.scrub(http_error_decision(refusal.status, refusal.body, refusal.headers))

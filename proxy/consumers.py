@@ -24,6 +24,7 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
+from proxy import not_found as unknown_path
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
@@ -31,6 +32,7 @@ from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
 from proxy.server.backpressure import EXTENSION as BACKPRESSURE
 from proxy.upstream import get_client
+from proxy.upstream_models import get_models
 from tenants.auth import AuthUnavailable, KeyRefused, Principal, authorize
 
 logger = logging.getLogger(__name__)
@@ -145,6 +147,8 @@ class ProxyConsumer(AsyncConsumer):
     async def _serve(self, body: bytes | None) -> None:
         """Serve one request (``body`` None: too large); every failure becomes an error in the protocol."""
         backpressure = (self.scope.get("extensions") or {}).get(BACKPRESSURE)  # only under `manage.py serve`
+        if self.endpoint.dialect_of is not None:
+            self.dialect = self.endpoint.dialect_of(self.scope)
         response = self.response = ClientResponse(self.send, error_body=self.dialect.error_body,
                                                   writable=getattr(backpressure, "wait_writable", None))
         try:
@@ -152,7 +156,7 @@ class ProxyConsumer(AsyncConsumer):
                 raise RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",
                                    code="request_too_large")
             endpoint = self.endpoint
-            if self.scope.get("method") not in endpoint.methods:
+            if endpoint.methods and self.scope.get("method") not in endpoint.methods:
                 raise RequestError(405, f"method {self.scope.get('method')} not allowed", code="method_not_allowed")
             await endpoint.serve(self, body)
         except RequestError as exc:
@@ -173,11 +177,14 @@ class ProxyConsumer(AsyncConsumer):
 # ----- endpoints -----
 
 class Endpoint:
-    """What a path does once its body is in: the HTTP ``methods`` it allows and ``serve``."""
+    """What a path does once its body is in: the HTTP ``methods`` it allows (empty: any) and ``serve``;
+    ``dialect_of(scope)``, when set, picks the protocol of its answers from the request."""
 
-    def __init__(self, methods: tuple[str, ...], serve: Callable[[ProxyConsumer, bytes], Awaitable[None]]) -> None:
+    def __init__(self, methods: tuple[str, ...], serve: Callable[[ProxyConsumer, bytes], Awaitable[None]],
+                 dialect_of: Callable[[Mapping[str, Any]], Dialect] | None = None) -> None:
         self.methods = methods
         self.serve = serve
+        self.dialect_of = dialect_of
 
 
 async def relay(consumer: ProxyConsumer, body: bytes) -> None:
@@ -200,12 +207,19 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
 
 
 async def models(consumer: ProxyConsumer, body: bytes) -> None:
-    """``GET /v1/models``: the tenant's routed model names, in Anthropic's list format when the request
-    carries ``anthropic-version`` (Claude Code's gateway model discovery, PROTOCOLS.md 4.1), else OpenAI's."""
+    """``GET /v1/models``: the tenant's routed model names, then the models its default upstream lists
+    (``proxy.upstream_models``: fetched and cached; none when it cannot say), in Anthropic's list format
+    when the request carries ``anthropic-version`` (Claude Code's gateway model discovery, PROTOCOLS.md
+    4.1), else OpenAI's."""
     principal = await principal_of(consumer.scope)
     dialect = ANTHROPIC_MESSAGES if header(consumer.scope, b"anthropic-version") else OPENAI_CHAT
+    names = principal.model_names()
+    if principal.default_target is not None:
+        routed = set(names)
+        upstream = await get_models().names(principal.default_target)
+        names += [n for n in dict.fromkeys(upstream) if n not in routed]
     assert consumer.response is not None
-    await consumer.response.send_json(200, dialect.models_listing(principal.model_names(), principal.slug))
+    await consumer.response.send_json(200, dialect.models_listing(names, principal.slug))
 
 
 async def count_tokens(consumer: ProxyConsumer, body: bytes) -> None:
@@ -218,15 +232,24 @@ async def count_tokens(consumer: ProxyConsumer, body: bytes) -> None:
 
 
 async def not_found(consumer: ProxyConsumer, body: bytes) -> None:
-    """Any other ``/v1/`` path."""
-    raise RequestError(404, "not found", code="not_found")
+    """Any other ``/v1/`` path, and the paths a base URL without ``/v1`` produces: a 404 naming the path
+    meant (``proxy.not_found``), for any method."""
+    path, method = str(consumer.scope.get("path", "")), str(consumer.scope.get("method", ""))
+    raise RequestError(404, unknown_path.message(method, path, unknown_path.nearest(path)), code="unknown_url",
+                       type=consumer.dialect.not_found_type)
+
+
+def not_found_dialect(scope: Mapping[str, Any]) -> Dialect:
+    """The protocol of a 404: Anthropic's for a caller that looks Anthropic (``proxy.not_found``)."""
+    meant = unknown_path.nearest(str(scope.get("path", "")))
+    return ANTHROPIC_MESSAGES if unknown_path.speaks_anthropic(scope, meant) else OPENAI_CHAT
 
 
 ENDPOINTS = {
     "relay": Endpoint(("POST",), relay),
     "models": Endpoint(("GET",), models),
     "count_tokens": Endpoint(("POST",), count_tokens),
-    "not_found": Endpoint(("POST",), not_found),
+    "not_found": Endpoint((), not_found, dialect_of=not_found_dialect),
 }
 
 __all__ = ["ProxyConsumer", "RequestError"]

@@ -1,5 +1,7 @@
 """``/v1/*`` routes to the proxy consumer, one dialect and endpoint per path. The router matches the
-path only, so query strings (Claude Code's ``/v1/messages?beta=true``) are ignored."""
+path only, so query strings (Claude Code's ``/v1/messages?beta=true``) are ignored. Any other ``/v1/``
+path, and the API paths without ``/v1`` that a misconfigured base URL produces (``/chat/completions``,
+``/messages``, ``/responses``, ...), get a 404 naming the path meant (``proxy.not_found``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from django.urls import URLPattern, re_path
 
 from proxy.consumers import ProxyConsumer
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Dialect
+from proxy.not_found import BARE_PATHS
 
 
 def asgi_path(pattern: str, *, endpoint: str, dialect: Dialect = OPENAI_CHAT) -> URLPattern:
@@ -25,5 +28,6 @@ proxy_urlpatterns = [
     asgi_path(r"^v1/messages/count_tokens/?$", endpoint="count_tokens", dialect=ANTHROPIC_MESSAGES),
     asgi_path(r"^v1/messages/?$", endpoint="relay", dialect=ANTHROPIC_MESSAGES),
     asgi_path(r"^v1/responses/?$", endpoint="relay", dialect=OPENAI_RESPONSES),
-    asgi_path(r"^v1/", endpoint="not_found"),
+    asgi_path(r"^v1(?:/|$)", endpoint="not_found"),
+    asgi_path(rf"^(?:{'|'.join(BARE_PATHS)})/?$", endpoint="not_found"),
 ]

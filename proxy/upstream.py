@@ -1,10 +1,12 @@
 """The upstream HTTP seam: one ``httpx.AsyncClient`` per process, streams opened in context managers.
 
 The client also owns the upstream request body (``upstream_body``: model mapped, output tokens
-capped, usage asked for) and what each upstream was learned to refuse: an upstream that answers
-400/422 naming ``stream_options`` is asked again at once without it, remembered for the process,
-and the refused answer is handed to the caller (``UpstreamResponse.refusals``) to audit as a call
-of its own. Upstream credentials are decrypted here and nowhere else on the request path. Timeouts are the
+capped, usage asked for) and what each upstream was learned to refuse (``proxy.learned``): an
+answer that refuses a parameter (``proxy.refusals``: an output budget over the upstream's range,
+``stream_options``, ``parallel_tool_calls``, a ``tool_choice`` value, an unknown field) is asked again
+at once with the parameter clamped or left out, the fix is remembered per upstream and model (and
+shared), and the refused answer is handed to the caller (``UpstreamResponse.refusals``) to audit as
+a call of its own. Upstream credentials are decrypted here and nowhere else on the request path. Timeouts are the
 upstream's own (``tenants.Upstream``): ``connect_timeout`` for the TCP/TLS connect,
 ``first_byte_timeout`` until the response headers and first body bytes, ``idle_timeout`` between two
 body reads. httpx's own read timeout is only a backstop: the relay enforces first-byte and idle
@@ -19,14 +21,16 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from django.conf import settings
 
+from proxy import refusals
 from proxy.guard.request import ChatRequest
+from proxy.learned import LearnedLimits, RedisShare, facts_of, record
 from proxy.outbound import OutboundRefused
 from proxy.outbound_http import OutboundTransport
 from tenants import crypto
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 USER_AGENT = "toolrelay/0.1"
 #: Bytes of a non-200 upstream body kept for the error message and classification.
 ERROR_BODY_CAP = 64 * 1024
+#: Times one call is asked again past a parameter refusal (each must fix something the last did not).
+MAX_REASKS = 2
 
 
 class UpstreamTimeout(Exception):
@@ -120,14 +126,16 @@ class _IdleWatch:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """An upstream answer the client asked again past: ``status``, capped ``body``, ``headers``, and
-    ``started`` / ``ended`` (monotonic seconds) of that call."""
+    """An upstream answer the client asked again past: ``status``, capped ``body``, ``headers``,
+    ``started`` / ``ended`` (monotonic seconds) of that call, and ``refused``: what it refused and the
+    fixes of the next call (None for an answer audited as a plain HTTP error)."""
 
     status: int
     body: bytes
     headers: httpx.Headers
     started: float
     ended: float
+    refused: refusals.Refused | None = None
 
 
 @dataclass(slots=True)
@@ -224,47 +232,67 @@ def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
     return headers
 
 
-def upstream_body(request: ChatRequest, target: UpstreamTarget, *, ask_usage: bool, cap: int | None = None,
-                  drop_stream_options: bool = False) -> tuple[bytes, bool]:
-    """The body for ``target`` and whether it asks for usage: model mapped, output tokens capped at
-    ``cap``, ``stream_options.include_usage`` added when ``ask_usage`` (the guarded path accounts
-    retries with it), ``stream_options`` removed when the upstream refuses it.
-
-    The client's exact bytes are returned when nothing changes (a pass-through must stay
-    byte-identical upstream too).
-    """
+def upstream_changes(request: ChatRequest, target: UpstreamTarget, *, ask_usage: bool, cap: int | None = None,
+                     fixes: tuple[refusals.Fix, ...] = ()) -> tuple[dict[str, Any], bool]:
+    """What ``upstream_body`` changes in the client's body (field -> value, None: left out) and whether the
+    result asks for usage."""
     body = request.body
     changes: dict[str, Any] = {}
     if body.get("model") != target.model:
         changes["model"] = target.model
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in refusals.BUDGET_FIELDS:
         value = body.get(key)
         if cap and isinstance(value, int) and value > cap:
             changes[key] = cap
-    asked = request.include_usage and not drop_stream_options
-    if drop_stream_options:
-        if "stream_options" in body:
-            changes["stream_options"] = None
-    elif ask_usage and not request.include_usage:
+    if ask_usage and not request.include_usage:
         options = body.get("stream_options")
         changes["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        asked = True
+    if fixes:
+        changes.update(refusals.apply({**body, **changes}, fixes))
+    options = changes["stream_options"] if "stream_options" in changes else body.get("stream_options")
+    asked = isinstance(options, dict) and bool(options.get("include_usage"))
+    return changes, asked and (request.include_usage or ask_usage)
+
+
+def upstream_body(request: ChatRequest, target: UpstreamTarget, *, ask_usage: bool, cap: int | None = None,
+                  fixes: tuple[refusals.Fix, ...] = ()) -> tuple[bytes, bool]:
+    """The body for ``target`` and whether it asks for usage: model mapped, output tokens capped at
+    ``cap``, ``stream_options.include_usage`` added when ``ask_usage`` (the guarded path accounts
+    retries with it), then ``fixes`` applied (what the upstream was learned to refuse, ``proxy.refusals``).
+
+    The client's exact bytes are returned when nothing changes (a pass-through must stay
+    byte-identical upstream too).
+    """
+    changes, asked = upstream_changes(request, target, ask_usage=ask_usage, cap=cap, fixes=fixes)
+    return _encoded(request, changes), asked
+
+
+def _encoded(request: ChatRequest, changes: dict[str, Any]) -> bytes:
+    """The client's exact bytes when nothing changes, else the changed body as JSON."""
     if not changes and request.raw is not None:
-        return request.raw, asked
+        return request.raw
+    return json.dumps(_merged(request.body, changes)).encode()
+
+
+def _merged(body: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with ``changes`` (a None change leaves the field out)."""
     merged = {**body, **changes}
-    return json.dumps({k: v for k, v in merged.items() if v is not None or k not in changes}).encode(), asked
+    return {k: v for k, v in merged.items() if v is not None or k not in changes}
 
 
 async def _read_capped(response: httpx.Response, cap: int = ERROR_BODY_CAP) -> bytes:
+    """Up to ``cap`` bytes of an error body, decoded when the upstream compressed it anyway."""
     parts: list[bytes] = []
     size = 0
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    chunks = response.aiter_raw() if encoding in ("", "identity") else response.aiter_bytes()
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in chunks:
             parts.append(chunk)
             size += len(chunk)
             if size >= cap:
                 break
-    except httpx.TransportError:
+    except (httpx.TransportError, httpx.DecodingError):
         pass  # what arrived is enough to classify the refusal
     return b"".join(parts)[:cap]
 
@@ -282,8 +310,10 @@ class UpstreamClient:
         # limits go to the transport: an AsyncClient given a transport ignores its own.
         self._client = httpx.AsyncClient(timeout=timeout, trust_env=False, follow_redirects=False,
                                          transport=transport or OutboundTransport(limits=limits))
-        #: Upstreams (by id) that answered 400 to ``stream_options``: they get requests without it.
-        self._refuses_stream_options: set[int] = set()
+        #: What each upstream was learned to refuse, per model (``proxy.learned``), and its Redis share.
+        self.learned = LearnedLimits()
+        self._share: RedisShare | None = None
+        self._following: asyncio.Future[None] | None = None
 
     @contextlib.asynccontextmanager
     async def open(self, target: UpstreamTarget, request: ChatRequest, *, ask_usage: bool = False,
@@ -294,36 +324,69 @@ class UpstreamClient:
         ``first_byte`` / ``idle`` (seconds) shorten the upstream's own deadlines (the relay's request
         deadline and retry budget); they never lengthen them.
 
-        An answer refusing ``stream_options`` is asked again once without it (``UpstreamResponse.refusals``
-        holds the refused answer). The response is closed when the context exits, also on cancellation
-        (client disconnect). Raises ``UpstreamTimeout`` (first byte), ``UpstreamUnavailable`` (connect
-        errors) and ``UpstreamMisconfigured`` (stored secrets that do not decrypt).
+        The body carries what the upstream was learned to refuse for ``target.model``. An answer that
+        refuses a parameter (``proxy.refusals.classify``) is asked again at once with it fixed, at most
+        ``MAX_REASKS`` times, each fixing something new; the fixes that hold are remembered and shared
+        (``proxy.learned``), and ``UpstreamResponse.refusals`` holds the refused answers. The response is
+        closed when the context exits, also on cancellation (client disconnect). Raises
+        ``UpstreamTimeout`` (first byte), ``UpstreamUnavailable`` (connect errors) and
+        ``UpstreamMisconfigured`` (stored secrets that do not decrypt).
         """
         headers = self._headers(target, stream=request.stream)
-        drop = target.upstream_id in self._refuses_stream_options
-        body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
-                                    drop_stream_options=drop)
+        if self._following is None and settings.REDIS_URL:
+            await self._follow_shared()
         first_byte = min(target.first_byte_timeout, first_byte if first_byte is not None else target.first_byte_timeout)
         idle = min(target.idle_timeout, idle if idle is not None else target.idle_timeout)
-        started = time.monotonic()
-        response = await self._send(target, headers, body, first_byte)
-        refusals: tuple[Refusal, ...] = ()
-        prefetched = None
+        fixes = self.learned.fixes(target.upstream_id, target.model, target.learned)
+        response, refused, prefetched, asked = await self._ask(
+            target, headers, first_byte, request, lambda f: upstream_changes(
+                request, target, ask_usage=ask_usage, cap=max_output_tokens, fixes=f), fixes)
         try:
-            if response.status_code in (400, 422) and not drop and b'"stream_options"' in body:
-                prefetched = await _read_capped(response)
-                if b"stream_options" in prefetched:
-                    # The upstream refuses stream_options: remember it and ask again without.
-                    self._refuses_stream_options.add(target.upstream_id)
-                    refusals = (Refusal(response.status_code, prefetched, response.headers, started,
-                                        time.monotonic()),)
-                    await response.aclose()
-                    body, asked = upstream_body(request, target, ask_usage=ask_usage, cap=max_output_tokens,
-                                                drop_stream_options=True)
-                    response, prefetched = await self._send(target, headers, body, first_byte), None
-            yield UpstreamResponse(response.status_code, response.headers, response, idle, asked, refusals, prefetched)
+            yield UpstreamResponse(response.status_code, response.headers, response, idle, asked, refused, prefetched)
         finally:
             await response.aclose()
+
+    async def _ask(self, target: UpstreamTarget, headers: dict[str, str], first_byte: float, request: ChatRequest,
+                   changes_for: Callable[[tuple[refusals.Fix, ...]], tuple[dict[str, Any], bool]],
+                   fixes: tuple[refusals.Fix, ...]
+                   ) -> tuple[httpx.Response, tuple[Refusal, ...], bytes | None, bool]:
+        """Send, and ask again past each parameter refusal: ``(response, refused answers, the response's
+        body when it was read to classify it, asks usage)``."""
+        refused: list[Refusal] = []
+        for reask in range(MAX_REASKS + 1):
+            changes, asked = changes_for(fixes)
+            started = time.monotonic()
+            response = await self._send(target, headers, _encoded(request, changes), first_byte)
+            if response.status_code not in refusals.STATUSES or reask == MAX_REASKS:
+                return response, tuple(refused), None, asked
+            try:
+                body = await _read_capped(response)
+            except BaseException:  # cancelled (the client left): the open response is ours to close
+                await response.aclose()
+                raise
+            why = refusals.classify(response.status_code, body, _merged(request.body, changes))
+            if why is None:
+                return response, tuple(refused), body, asked
+            await response.aclose()
+            refused.append(Refusal(response.status_code, body, response.headers, started, time.monotonic(), why))
+            self._remember(target, why)
+            fixes = (*fixes, *why.fixes)
+        raise AssertionError("unreachable: the last ask returns")
+
+    def _remember(self, target: UpstreamTarget, refused: refusals.Refused) -> None:
+        """Keep the fixes of ``refused`` that hold for later requests; journal and share them."""
+        ttl = settings.UPSTREAM_LEARNED_TTL_SECONDS
+        facts = [self.learned.learn(target.upstream_id, target.model, fix, ttl=ttl,
+                                    detail=f"{refused.family}: {refused.message}") for fix in facts_of(refused)]
+        if facts:
+            record(facts, self._share)
+
+    async def _follow_shared(self) -> None:
+        """Start following the facts other processes learned (``REDIS_URL``): the first call of the process
+        waits for one read of them (a round trip, bounded by a 0.5 s socket timeout), later ones never."""
+        self._share = share = RedisShare(settings.REDIS_URL)
+        self._following = asyncio.ensure_future(share.follow(self.learned, settings.UPSTREAM_LEARNED_SYNC_SECONDS))
+        self.learned.absorb(await share.pull())
 
     def _headers(self, target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
         try:
@@ -353,6 +416,12 @@ class UpstreamClient:
             raise UpstreamUnavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
+        if self._share is not None:
+            await self._share.aclose()
         await self._client.aclose()
 
 

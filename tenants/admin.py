@@ -11,6 +11,7 @@ it again, nor create another); an upstream credential or its extra headers never
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -25,6 +26,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from tenants import crypto
 from tenants.admin_site import register_login_trail
@@ -36,12 +38,13 @@ from tenants.models import (
     RouteFallback,
     Tenant,
     Upstream,
+    UpstreamLearnedLimit,
     validate_extra_headers,
     validate_header_value,
 )
 from tenants.policy_forms import PolicyFormMixin, policy_summary
 from tenants.selectors import tenants_for_user
-from tenants.services import api_key_create, api_key_revoke
+from tenants.services import api_key_create, api_key_revoke, learned_limit_forget, learned_limit_save
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -487,9 +490,10 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     list_filter = (TenantFilter, "enabled")
     search_fields = ("name", "base_url", "tenant__name")
     list_select_related = ("tenant",)
-    readonly_fields = ("masked_credential", "extra_headers_state", "created", "shown_url")
+    readonly_fields = ("masked_credential", "extra_headers_state", "created", "shown_url", "learned_limits")
     fieldsets = (
         (None, {"fields": ("tenant", "name", "base_url", "enabled", "created")}),
+        ("Learned from its errors", {"fields": ("learned_limits",)}),
         ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential",
                                 "extra_headers_state", "new_extra_headers", "clear_extra_headers")}),
         ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout",
@@ -507,6 +511,10 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     @admin.display(description="extra headers")
     def extra_headers_state(self, obj: Upstream) -> str:
         return "set (hidden)" if obj.extra_headers_encrypted else "—"
+
+    @admin.display(description="learned limits")
+    def learned_limits(self, obj: Upstream) -> str:
+        return learned_list(obj.learned_limits.select_related("upstream")) if obj.pk else "—"
 
     def get_fieldsets(self, request: HttpRequest, obj: Upstream | None = None) -> Any:
         if self.has_change_permission(request, obj):
@@ -587,10 +595,10 @@ class ModelRouteAdmin(PolicyAdminMixin, TenantScopedAdmin[ModelRoute]):
     list_filter = (TenantFilter,)
     search_fields = ("public_name", "upstream_model", "upstream__name", "tenant__name")
     list_select_related = ("tenant", "upstream")
-    readonly_fields = ("created",)
+    readonly_fields = ("created", "learned_limits")
     fieldsets = (
         (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
-                           "request_deadline", "created")}),
+                           "learned_limits", "request_deadline", "created")}),
         ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
                                     "description": POLICY_HELP.format("the tenant's value (toolrelay's "
                                                                       "default on a new route)")}),
@@ -613,6 +621,90 @@ class ModelRouteAdmin(PolicyAdminMixin, TenantScopedAdmin[ModelRoute]):
     @admin.display(description="fallbacks", ordering="fallback_total")
     def fallback_count(self, obj: ModelRoute) -> int:
         return int(getattr(obj, "fallback_total", 0))
+
+    @admin.display(description="learned from the upstream")
+    def learned_limits(self, obj: ModelRoute) -> str:
+        """What the route's upstreams were learned to refuse for its model, beside the route's own cap."""
+        return learned_list(route_learned_limits(obj)) if obj.pk else "—"
+
+
+def route_learned_limits(route: ModelRoute) -> QuerySet[UpstreamLearnedLimit]:
+    """The learned limits of the route's upstream and fallbacks for its upstream model (every model of theirs
+    for a glob route that keeps the requested name)."""
+    upstreams = [route.upstream_id, *route.fallbacks.values_list("upstream_id", flat=True)]
+    rows = UpstreamLearnedLimit.objects.filter(upstream_id__in=upstreams).select_related("upstream")
+    model = route.upstream_model or ("" if route.is_glob else route.public_name)
+    models_ = {model, *route.fallbacks.exclude(model="").values_list("model", flat=True)} if model else set()
+    return rows.filter(model__in=models_) if models_ else rows
+
+
+def learned_list(rows: QuerySet[UpstreamLearnedLimit]) -> str:
+    """Each limit as a link to its change page, with its state; "—" when there are none."""
+    now = timezone.now()
+    items = [(reverse("admin:tenants_upstreamlearnedlimit_change", args=[r.pk]),
+              f"{r.upstream.name}:{r.model} {r.describe()}",
+              f"until {r.expires_at:%Y-%m-%d %H:%M} UTC" if r.is_live(now) else "expired") for r in rows]
+    if not items:
+        return "—"
+    return format_html("<ul>{}</ul>", format_html_join("", '<li><a href="{}">{}</a> ({})</li>', items))
+
+
+# ----- learned upstream limits -----
+
+class LearnedLimitForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A learned limit; a new one expires after ``UPSTREAM_LEARNED_TTL_SECONDS`` unless set otherwise."""
+
+    class Meta:
+        model = UpstreamLearnedLimit
+        fields = ("upstream", "model", "parameter", "value", "expires_at", "detail")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is None and "expires_at" in self.fields:
+            self.fields["expires_at"].initial = timezone.now() + timedelta(
+                seconds=settings.UPSTREAM_LEARNED_TTL_SECONDS)
+
+
+@admin.register(UpstreamLearnedLimit)
+class UpstreamLearnedLimitAdmin(TenantScopedAdmin[UpstreamLearnedLimit]):
+    """What upstreams were learned to refuse, from their own errors (``proxy.learned``): an operator may
+    change a value, set when it expires, or forget it (it expires now). Saving stamps the row, so the edit
+    wins over what proxy processes learned before it."""
+
+    form = LearnedLimitForm
+    tenant_path = "upstream__tenant"
+    list_display = ("upstream", "model", "shown", "state", "learned_at", "expires_at")
+    list_filter = (("upstream", admin.RelatedOnlyFieldListFilter),)
+    search_fields = ("model", "parameter", "upstream__name")
+    list_select_related = ("upstream", "upstream__tenant")
+    readonly_fields = ("learned_at",)
+    actions = ("forget",)
+
+    def tenant_id_of(self, obj: UpstreamLearnedLimit) -> int:
+        return int(obj.upstream.tenant_id)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: UpstreamLearnedLimit | None = None) -> Any:
+        return (*self.readonly_fields, *(("upstream", "model", "parameter", "detail") if obj is not None else ()))
+
+    @admin.display(description="limit", ordering="parameter")
+    def shown(self, obj: UpstreamLearnedLimit) -> str:
+        return obj.describe()
+
+    @admin.display(description="state")
+    def state(self, obj: UpstreamLearnedLimit) -> str:
+        return "in force" if obj.is_live() else "expired"
+
+    def save_model(self, request: HttpRequest, obj: UpstreamLearnedLimit, form: Any, change: bool) -> None:
+        learned_limit_save(limit=obj)
+
+    @admin.action(description="Forget the selected limits (send what clients ask again)", permissions=["change"])
+    def forget(self, request: HttpRequest, queryset: QuerySet[UpstreamLearnedLimit]) -> None:
+        count = 0
+        for limit in queryset.filter(upstream__tenant__in=managed_tenants(request)).select_related("upstream"):
+            learned_limit_forget(limit=limit)
+            self.log_change(request, limit, "Forgotten (expired now).")
+            count += 1
+        self.message_user(request, f"Forgot {count} learned limit(s).", messages.SUCCESS)
 
 
 # ----- memberships -----

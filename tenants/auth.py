@@ -37,8 +37,9 @@ from django.db.utils import Error as DatabaseError
 from proxy.background import schedule
 from proxy.dbcall import bounded
 from proxy.guard.policy import GuardPolicy
+from proxy.learned import LearnedFact
 from tenants import last_good
-from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream
+from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream, UpstreamLearnedLimit
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,9 @@ class KeyRefused(Exception):
 class UpstreamTarget:
     """Where one attempt goes: the upstream (credential still encrypted) and the upstream model name.
 
-    Timeouts in seconds.
+    Timeouts in seconds. ``learned``: what the database knows this upstream refuses, every model's
+    (``UpstreamLearnedLimit`` rows, expired ones included: an admin's "forget" is one), merged into the
+    upstream client's own facts when the target is used.
     """
 
     upstream_id: int
@@ -69,6 +72,7 @@ class UpstreamTarget:
     first_byte_timeout: float
     idle_timeout: float
     request_deadline: float | None = None  # the upstream's own bound on a whole request
+    learned: tuple[LearnedFact, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,19 +160,29 @@ def _deadline(route: float | None, targets: tuple[UpstreamTarget, ...]) -> float
     return min([float(settings.REQUEST_DEADLINE_SECONDS), *own])
 
 
-def _target(upstream: Upstream) -> UpstreamTarget:
+def _target(upstream: Upstream, learned: dict[int, tuple[LearnedFact, ...]]) -> UpstreamTarget:
     return UpstreamTarget(
         upstream_id=upstream.pk, name=upstream.name, base_url=upstream.base_url.rstrip("/"), model="",
         credential_encrypted=upstream.credential_encrypted,
         extra_headers_encrypted=upstream.extra_headers_encrypted,
         connect_timeout=upstream.connect_timeout, first_byte_timeout=upstream.first_byte_timeout,
         idle_timeout=upstream.idle_timeout, request_deadline=upstream.request_deadline,
+        learned=learned.get(upstream.pk, ()),
     )
+
+
+def _learned_of(tenant_id: int) -> dict[int, tuple[LearnedFact, ...]]:
+    """The learned limits of the tenant's upstreams, by upstream id (one query)."""
+    found: dict[int, list[LearnedFact]] = {}
+    for row in UpstreamLearnedLimit.objects.filter(upstream__tenant_id=tenant_id).order_by("pk"):
+        found.setdefault(row.upstream_id, []).append(row.fact())
+    return {upstream_id: tuple(facts) for upstream_id, facts in found.items()}
 
 
 def _principal(key: ApiKey) -> Principal:
     """Read everything a request needs of ``key``'s tenant (in a database thread)."""
     tenant = key.tenant
+    learned = _learned_of(tenant.pk)
     routes = []
     for route in ModelRoute.objects.filter(tenant=tenant).select_related("upstream").prefetch_related(
             "fallbacks__upstream"):
@@ -177,13 +191,13 @@ def _principal(key: ApiKey) -> Principal:
         pairs = ((route.upstream, route.upstream_model),
                  *((fb.upstream, fb.model or route.upstream_model) for fb in route.fallbacks.all()
                    if fb.upstream.tenant_id == tenant.pk))
-        targets = tuple((_target(up), model) for up, model in pairs if up.enabled)
+        targets = tuple((_target(up, learned), model) for up, model in pairs if up.enabled)
         routes.append(Route(route.pk, route.public_name, route.is_glob, targets, route.max_output_tokens,
                             tenant.policy(route.policy_overrides()), route.request_deadline))
     default = tenant.default_upstream if tenant.default_upstream_id else None
     usable = default is not None and default.tenant_id == tenant.pk and default.enabled
     return Principal(tenant.pk, tenant.slug, tenant.active, key.pk, tuple(routes),
-                     _target(default) if usable and default is not None else None, tenant.policy())
+                     _target(default, learned) if usable and default is not None else None, tenant.policy())
 
 
 def parse_api_key(raw: str) -> str | None:

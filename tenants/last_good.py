@@ -36,6 +36,16 @@ def _policy(data: dict[str, Any]) -> GuardPolicy:
                           "repairs": frozenset(Repair(r) for r in data["repairs"])})
 
 
+def _target(data: dict[str, Any]) -> Any:
+    """An ``UpstreamTarget`` from its plain values (its learned limits as ``LearnedFact``; none in a
+    principal stored before they existed)."""
+    from proxy.learned import LearnedFact
+    from tenants.auth import UpstreamTarget
+
+    learned = tuple(f for f in (LearnedFact.from_json(v) for v in data.get("learned", ())) if f is not None)
+    return UpstreamTarget(**{**data, "learned": learned})
+
+
 def dumps(principal: Any) -> str:
     """A principal as JSON (policies, targets and routes as plain values)."""
     def plain(value: Any) -> Any:
@@ -51,13 +61,13 @@ def dumps(principal: Any) -> str:
 
 def loads(text: str) -> Any:
     """The principal ``dumps`` wrote."""
-    from tenants.auth import Principal, Route, UpstreamTarget
+    from tenants.auth import Principal, Route
 
     data = json.loads(text)
     routes = tuple(Route(r["route_id"], r["public_name"], r["is_glob"],
-                         tuple((UpstreamTarget(**t), m) for t, m in r["targets"]), r["max_output_tokens"],
+                         tuple((_target(t), m) for t, m in r["targets"]), r["max_output_tokens"],
                          _policy(r["policy"]), r.get("request_deadline")) for r in data["routes"])
-    default = UpstreamTarget(**data["default_target"]) if data["default_target"] else None
+    default = _target(data["default_target"]) if data["default_target"] else None
     return Principal(data["tenant_id"], data["slug"], data["active"], data["api_key_id"], routes, default,
                      _policy(data["policy"]))
 

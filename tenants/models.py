@@ -350,3 +350,50 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class UpstreamLearnedLimit(models.Model):
+    """What an upstream was learned to refuse for one model, from its own error (``proxy.learned``):
+    ``parameter`` at most ``value``, or left out when ``value`` is blank.
+
+    Rows are written by the journal writer (from what a proxy process learned) and by the admin (an
+    edit is stamped ``learned_at`` = now, so it wins over what processes learned before it); the
+    proxy never reads them on the request path: principals carry them (``tenants.auth``). A row
+    past ``expires_at`` no longer applies (the next request asks for what the client wanted again);
+    "forget" is an expiry set to now.
+    """
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="learned_limits")
+    model = models.CharField(max_length=200, help_text="The upstream model name the fact is about.")
+    parameter = models.CharField(
+        max_length=100, help_text="The request field (max_tokens stands for the output budget, also "
+                                  "max_completion_tokens); tool_choice=<class> for one kind of tool_choice value.")
+    value = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The largest value sent upstream. Blank: the parameter is left out.")
+    detail = models.TextField(blank=True, help_text="What the upstream said when it refused.")
+    learned_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(help_text="After this the parameter is sent as the client asked again.")
+
+    class Meta:
+        ordering = ["upstream__name", "model", "parameter"]
+        constraints = [models.UniqueConstraint(fields=["upstream", "model", "parameter"],
+                                               name="learned_limit_unique")]
+        verbose_name = "learned upstream limit"
+
+    def __str__(self) -> str:
+        return f"{self.upstream.name}:{self.model} {self.describe()}"
+
+    def describe(self) -> str:
+        """``max_tokens <= 8192`` or ``stream_options left out``."""
+        return f"{self.parameter} <= {self.value}" if self.value is not None else f"{self.parameter} left out"
+
+    def is_live(self, now: Any = None) -> bool:
+        """True until ``expires_at``."""
+        return self.expires_at > (now or timezone.now())
+
+    def fact(self) -> Any:
+        """The row as a ``proxy.learned.LearnedFact`` (what principals carry)."""
+        from proxy.learned import LearnedFact
+
+        return LearnedFact(self.upstream_id, self.model, self.parameter, self.value, self.learned_at.timestamp(),
+                           self.expires_at.timestamp(), self.detail)

@@ -19,6 +19,7 @@ from tenants.models import (
     ModelRoute,
     Tenant,
     Upstream,
+    UpstreamLearnedLimit,
     validate_extra_headers,
     validate_header_value,
 )
@@ -54,6 +55,26 @@ def api_key_touch(*, key: ApiKey) -> None:
     if key.last_used is None or now - key.last_used > timedelta(seconds=settings.API_KEY_TOUCH_SECONDS):
         ApiKey.objects.filter(pk=key.pk).update(last_used=now)
         key.last_used = now
+
+
+def learned_limit_save(*, limit: UpstreamLearnedLimit) -> UpstreamLearnedLimit:
+    """Save an operator's edit of a learned limit, stamped now so it wins over what proxy processes
+    learned before it; with ``REDIS_URL`` it reaches every process within ``UPSTREAM_LEARNED_SYNC_SECONDS``,
+    else with their next key lookup (``AUTH_CACHE_SECONDS``)."""
+    from proxy.learned import publish_now
+
+    limit.learned_at = timezone.now()
+    limit.save()
+    if settings.REDIS_URL:
+        publish_now(limit.fact(), settings.REDIS_URL)
+    return limit
+
+
+def learned_limit_forget(*, limit: UpstreamLearnedLimit) -> UpstreamLearnedLimit:
+    """Expire a learned limit now: the next request sends the parameter as the client asked (and learns it
+    again if the upstream still refuses it)."""
+    limit.expires_at = timezone.now()
+    return learned_limit_save(limit=limit)
 
 
 def tenant_ensure(*, name: str) -> tuple[Tenant, bool]:

@@ -111,6 +111,9 @@ class FindingKind(enum.StrEnum):
     OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream address is refused (SSRF policy)
     CREDENTIAL_REFLECTED = "credential-reflected"  # the upstream echoed toolrelay's credential in an answer
     REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries
+    # The upstream refused a request parameter (an output budget over its range, a field it does not take);
+    # the upstream client asked again at once with it clamped or left out (proxy/refusals.py).
+    UPSTREAM_PARAMETER_REFUSED = "upstream-parameter-refused"
     # Input-side family members (accumulate / sse).
     INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason
     UNKNOWN_FINISH_REASON = "unknown-finish-reason"  # a finish_reason outside the OpenAI set and aliases

@@ -25,6 +25,8 @@ reference with examples in ``docs/simulator.md``)::
                                                chunked terminator, no [DONE])
     gen:calls=1:http:500:broken=1              a failure mode after gen options: that mode, over
                                                a gen turn with those options
+    gen:refuse=deepseek-max-tokens/8192        refuse a request parameter as that upstream family
+                                               does (proxy/simulator/refusals.py), else answer
 
 Anything else (``gpt-4o``, ``deepseek-chat``) is ``gen`` with the server defaults
 (``--corruption-rate``, ``--kinds``, ``--ttft-ms``, ``--frame-ms``, ``--seed``). Attempts are

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.simulator import cases, faults, frames, hostile
+from proxy.simulator import cases, faults, frames, hostile, refusals
 from proxy.simulator.scenario import Scenario, ScenarioError
 from proxy.simulator.turns import GenOptions, Turn, declared_tools, generate_turn, text_turn
 
@@ -108,6 +108,9 @@ def error_reply(status: int, message: str, kind: str, code: str | None = None, p
 
 def plan(ctx: PlanContext) -> Reply:
     """The reply for one request. Raises ScenarioError / CaseNotFound for bad scenarios."""
+    refused = _refused(ctx)
+    if refused is not None:
+        return refused
     mode = ctx.scenario.mode
     if mode == "case":
         return _plan_case(ctx)
@@ -116,6 +119,20 @@ def plan(ctx: PlanContext) -> Reply:
     if mode == "gen":
         return _plan_gen(ctx)
     return _plan_failure(ctx)
+
+
+def _refused(ctx: PlanContext) -> Reply | None:
+    """``refuse=...``: the refusal of a parameter the request carries, as that upstream family words it."""
+    value = ctx.scenario.options.get("refuse")
+    if not value:
+        return None
+    try:
+        refused = refusals.refusal(value, ctx.body)
+    except ValueError as exc:
+        raise ScenarioError(f"{ctx.scenario.text}: {exc}") from None
+    if refused is None:
+        return None
+    return Reply(refused.status, JSON, [refused.encoded()], streamed=False, fault=f"refused:{refused.name}")
 
 
 def _plan_case(ctx: PlanContext) -> Reply:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-_GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning", "broken", "rounds"})
+_GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning", "broken", "rounds", "refuse"})
 #: Options each mode accepts (failure modes take the gen options of the stream they disturb).
 MODE_OPTIONS: dict[str, frozenset[str]] = {
     "gen": _GEN | {"corrupt", "kinds"},
     "case": frozenset({"broken", "ttft", "frame"}),
-    "text": frozenset({"ttft", "frame", "seed", "piece"}),
-    "slow": frozenset({"ttft", "frame", "seed", "piece"}),
+    "text": frozenset({"ttft", "frame", "seed", "piece", "refuse"}),
+    "slow": frozenset({"ttft", "frame", "seed", "piece", "refuse"}),
     "http": _GEN | {"retry-after"},
     "stall-first-byte": _GEN,
     "stall-after": _GEN | {"ms"},
