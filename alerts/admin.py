@@ -31,6 +31,7 @@ SECRET_MIN = 16
 class AlertWebhookForm(forms.ModelForm):  # type: ignore[type-arg]
     """The webhook, with its signing secret write-only (required when the webhook is made)."""
 
+    url = forms.URLField(max_length=500, assume_scheme="https", help_text=AlertWebhook._meta.get_field("url").help_text)
     new_secret = forms.CharField(required=False, strip=False, widget=forms.PasswordInput(render_value=False),
                                  label="Signing secret",
                                  help_text=f"At least {SECRET_MIN} characters; the receiver checks "
