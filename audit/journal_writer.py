@@ -131,6 +131,8 @@ class JournalWriter(threading.Thread):
     def release_connection(self, timeout: float = 5.0) -> bool:
         """Have the writer close its database connection now (tests, before the test database is dropped);
         it reconnects when it next needs one. False when the writer did not answer in time."""
+        if not self.is_alive():
+            return True
         self._released.clear()
         self._release.set()
         self._wake.set()

@@ -218,7 +218,7 @@ class Stack:
                 "SECRET_KEY": secrets.token_urlsafe(50),
                 "CREDENTIAL_KEYS": base64.urlsafe_b64encode(os.urandom(32)).decode(),
                 "TOOLRELAY_VAR_DIR": str(self.workdir), "SITE_URL": "http://127.0.0.1:8000",
-                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONDONTWRITEBYTECODE": "1", "UPSTREAM_ALLOW_NETWORKS": "127.0.0.0/8",  # the simulator
             }
         return dict(self._env)
 

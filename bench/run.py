@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -372,6 +373,27 @@ class Bench:
         self.sim_reset()
         self.results["cpu"] = out
 
+    def frozen(self) -> None:
+        """Latency, CPU and throughput again with the audit database frozen (SIGSTOP of every Postgres
+        process): the byte path must not notice. The figures go to ``results["frozen"]``."""
+        if self.stack.postgres is None:
+            print("  frozen: skipped (no private Postgres)")
+            return
+        saved = {k: self.results.pop(k, None) for k in ("latency", "cpu", "throughput")}
+        pids = _descendants(self.stack.postgres.pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # past the in-flight audit batch
+            self.latency()
+            self.cpu()
+            self.throughput()
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        self.results["frozen"] = {k: self.results.pop(k, None) for k in ("latency", "cpu", "throughput")}
+        self.results.update({k: v for k, v in saved.items() if v is not None})
+
     def memory(self) -> None:
         """Resident memory per open stream: RSS with N slow streams open minus RSS before, over N.
 
@@ -469,6 +491,38 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def _descendants(pids: list[int]) -> list[int]:
+    """``pids`` and every process below them (``/proc/<pid>/task/*/children``)."""
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            todo.extend(int(c) for c in task.read_text().split())
+    return out
+
+
+def _frozen_rows(frozen: dict[str, Any], *, added_fn: Callable[..., float | None]) -> list[tuple[str, ...]]:
+    """The frozen phase's headline figures, as table rows (same columns as the main table)."""
+    lat, cpu, tp = frozen.get("latency") or {}, frozen.get("cpu") or {}, frozen.get("throughput") or {}
+    rows: list[tuple[str, ...]] = []
+
+    def row(label: str, values: dict[str, float | None], target: str = "") -> None:
+        tr, ba = values.get("toolrelay"), values.get("bare")
+        rows.append((label, fmt(values.get("direct")), fmt(ba), fmt(tr), "", "", "",
+                     fmt(None if tr is None or ba is None else tr - ba), target))
+
+    row("database frozen: added TTFT p50 ms", {n: added_fn(lat, n, "ttft_p50") for n in ("bare", "toolrelay")},
+        "<= bare+1")
+    row("  CPU ms / streamed request", {n: cpu.get(n, {}).get("cpu_ms") for n in ("bare", "toolrelay")},
+        "<= 1.3x bare")
+    level = tp.get("toolrelay", {}).get("16") or tp.get("toolrelay", {}).get(16)
+    bare = tp.get("bare", {}).get("16") or tp.get("bare", {}).get(16)
+    row("  streamed req/s at c=16", {"toolrelay": level.get("rps") if level else None,
+                                     "bare": bare.get("rps") if bare else None}, ">= 0.8x bare")
+    return rows
+
+
 def ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or a != a or b != b or b == 0:
         return "-"
@@ -554,6 +608,9 @@ def table(results: dict[str, Any]) -> str:
     add_row("  max ms", {"bare": disc.get("bare", {}).get("max"), "toolrelay": disc.get("toolrelay", {}).get("max"),
                          "litellm": disc.get("litellm", {}).get("max")}, "<= 500", digits=1)
     add_row("  guarded max ms", {"toolrelay": disc.get("toolrelay guarded", {}).get("max")}, "<= 500", digits=1)
+    frozen = results.get("frozen")
+    if frozen:
+        rows.extend(_frozen_rows(frozen, added_fn=added))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
              for row in [head, *rows]]
@@ -600,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-netns", action="store_true", help="do not isolate the run in a network namespace")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--only", default="", help="comma-separated phases (latency,guarded,corrupted,throughput,"
-                                                   "cpu,memory,disconnect)")
+                                                   "cpu,memory,disconnect,frozen)")
     args = parser.parse_args(argv)
     if not args.no_litellm:
         ensure_litellm()
@@ -611,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", LiteLLM {info['litellm']}")
     started = time.monotonic()
     phases = set(filter(None, args.only.split(","))) or {"latency", "guarded", "corrupted", "throughput", "cpu",
-                                                          "memory", "disconnect"}
+                                                          "memory", "disconnect", "frozen"}
     with Stack(processes=args.processes, litellm=not args.no_litellm, litellm_models=LITELLM_MODELS) as stack:
         print(f"stack up in {time.monotonic() - started:.1f} s (logs in {stack.log_dir})", flush=True)
         bench = Bench(stack, sizes)
@@ -621,6 +678,7 @@ def main(argv: list[str] | None = None) -> None:
             ("memory", bench.memory), ("latency", bench.latency), ("guarded", bench.guarded),
             ("corrupted", bench.corrupted), ("throughput", bench.throughput), ("cpu", bench.cpu),
             ("disconnect", lambda: bench.disconnect(include_bare=not args.quick)),
+            ("frozen", bench.frozen),
         ]
         for name, step in steps:
             if name in phases:

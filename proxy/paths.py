@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from proxy.relay import Relay
 
 #: Non-stream upstream bodies larger than this are refused as an upstream failure.
-NON_STREAM_CAP = 32 * 1024 * 1024
+NON_STREAM_CAP = 32 * 1024 * 1024  # bytes
 _NO_DECISION = Decision(Outcome.RETRY, None, reason="no decision")
 
 
@@ -328,8 +328,15 @@ class NonStream(_Path):
             self.log.refusals(target, upstream)
             if upstream.status != 200:
                 return Attempted(await self.log.http_failure(target, started, upstream))
-            body = await upstream.read_capped(NON_STREAM_CAP)
+            body = await upstream.read_capped(NON_STREAM_CAP + 1)
             content_type = upstream.headers.get("content-type", "application/json")
+        if len(body) > NON_STREAM_CAP:  # bounded memory: an answer this large is no answer
+            finding = Finding(FindingKind.UPSTREAM_BODY_TOO_LARGE, Severity.ERROR, Action.RETRY,
+                              f"the upstream's answer is larger than {NON_STREAM_CAP} bytes")
+            decision = Decision(Outcome.RETRY, None, (finding,), finding.detail)
+            self.log.add(target, "retry", started, upstream_status=200, findings=decision.findings,
+                         abort_reason=decision.reason, bytes_received=len(body))
+            return Attempted(decision)
         if self.call.forwards_raw:
             return await self._forward(target, started, body, content_type)
         decision = self.log.scrub(decide_completion(body, self.request.spec, self.call.plan.policy))

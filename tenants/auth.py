@@ -239,6 +239,14 @@ class _KeyCache:
             self._refreshing.add(digest)
             return True
 
+    def claim(self, digest: str) -> bool:
+        """True, for one caller, when no refresh of ``digest`` is under way (release it when done)."""
+        with self._lock:
+            if digest in self._refreshing:
+                return False
+            self._refreshing.add(digest)
+            return True
+
     def put(self, digest: str, principal: Principal | None) -> None:
         expires = time.monotonic() + settings.AUTH_CACHE_SECONDS
         with self._lock:
@@ -317,19 +325,67 @@ async def _ask(raw: str, *, refresh: bool = False) -> Principal | None:
 
 
 async def _refresh(raw: str) -> None:
+    global _down_until
     try:
-        await _ask(raw, refresh=True)
+        await _ask(raw, refresh=True)  # principal_for_key(refresh=True) releases the claim
     except Exception as exc:  # noqa: BLE001 - the cached answer stays until it expires; then the last good one
         logger.warning("API key refresh failed: %s", exc)
+        _down_until = time.monotonic() + DOWN_SECONDS
         key_cache.release(ApiKey.compute_digest(raw))
 
 
+#: Monotonic time until which the database is taken as down (a lookup just failed): lookups are not
+#: waited for meanwhile; known keys get their last good answer at once, unknown ones a 503.
+_down_until = 0.0
+#: How long one failed lookup marks the database down (seconds).
+DOWN_SECONDS = 2.0
+#: How long a key this process knows waits for its database lookup before its last good answer is served
+#: (seconds): a healthy database answers in milliseconds, so a revocation is still seen at once.
+KNOWN_KEY_WAIT = 0.25
+
+
+def _note_failure(future: asyncio.Future[Principal | None]) -> None:
+    global _down_until
+    if not future.cancelled() and future.exception() is not None:
+        _down_until = time.monotonic() + DOWN_SECONDS
+
+
 async def _looked_up(raw: str, digest: str) -> Principal | None:
-    """The database's answer, else (database down, slow or frozen) the key's last good principal."""
+    """The database's answer, else (database down, slow or frozen) the key's last good principal.
+
+    A key this process knows waits at most ``KNOWN_KEY_WAIT`` for the database: past it, its last good
+    answer is served and the lookup goes on in its thread, its answer (a revocation too) replacing it.
+    """
+    global _down_until
+    loop = asyncio.get_running_loop()
+    remembered: Principal | None = last_good.recall_memory(digest)
+    if remembered is not None and time.monotonic() >= _down_until:
+        future = loop.run_in_executor(_LOOKUPS, _lookup, raw, False)
+        done, _ = await asyncio.wait({future}, timeout=KNOWN_KEY_WAIT)
+        if done:
+            try:
+                return future.result()
+            except (DatabaseError, TimeoutError) as exc:
+                _down_until = time.monotonic() + DOWN_SECONDS
+                logger.warning("database unavailable (%s): serving key %s from its last good answer", exc,
+                               digest[:8])
+        else:
+            future.add_done_callback(_note_failure)
+        key_cache.put(digest, remembered)
+        return remembered
+    if time.monotonic() < _down_until:
+        stale: Principal | None = await loop.run_in_executor(None, last_good.recall, digest)
+        if stale is None:
+            raise AuthUnavailable("the database was unavailable a moment ago")
+        key_cache.put(digest, stale)
+        if key_cache.claim(digest):
+            schedule(_refresh(raw))  # one background try at a time; its answer replaces the stale one
+        return stale
     try:
         return await _ask(raw)
     except (DatabaseError, TimeoutError) as exc:
-        stale: Principal | None = await asyncio.get_running_loop().run_in_executor(None, last_good.recall, digest)
+        _down_until = time.monotonic() + DOWN_SECONDS
+        stale = await loop.run_in_executor(None, last_good.recall, digest)
         if stale is None:
             raise AuthUnavailable(str(exc)) from None
         logger.warning("database unavailable (%s): serving key %s from its last good answer", exc, digest[:8])

@@ -118,6 +118,15 @@ def remember(digest: str, principal: Any | None) -> None:
         logger.warning("last-good principal not shared: %s", exc)
 
 
+def recall_memory(digest: str) -> Any | None:
+    """This process's last good principal of ``digest`` (no I/O: safe on the event loop), else None."""
+    with _lock:
+        hit = _memory.get(digest)
+    if hit is not None and time.monotonic() - hit[0] < settings.AUTH_STALE_SECONDS:
+        return hit[1]
+    return None
+
+
 def recall(digest: str) -> Any | None:
     """The last good principal of ``digest`` within ``AUTH_STALE_SECONDS``, else None."""
     with _lock:

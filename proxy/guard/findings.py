@@ -107,6 +107,7 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_CONNECTION_ERROR = "upstream-connection-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_NOT_SSE = "upstream-not-sse"
+    UPSTREAM_BODY_TOO_LARGE = "upstream-body-too-large"  # a non-stream answer past its size bound
     OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream address is refused (SSRF policy)
     CREDENTIAL_REFLECTED = "credential-reflected"  # the upstream echoed toolrelay's credential in an answer
     REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries

@@ -118,3 +118,22 @@ def test_it_drains_a_dead_processs_journal_and_interrupts_what_it_left_open(worl
     assert ProxyRequest.objects.get(id=done).outcome == "clean"
     assert Attempt.objects.filter(request_id=rid).count() == 1
     assert not list(tmp_path.glob("*.journal")), "the orphan's file is gone once drained"
+
+
+@pytest.mark.django_db
+def test_the_admin_says_when_the_journal_is_not_draining(admin_client: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the writer's database down and a backlog, every admin page carries the banner; once it drains,
+    none does."""
+    from audit import journal_writer
+
+    journal = Journal(tmp_path, max_bytes=1 << 30)
+    journal.append({"t": "start", "id": "x", "pad": "p" * 2000})
+    stuck = JournalWriter(journal, tmp_path)
+    stuck.database, stuck.error = "down", "OperationalError: connection refused"
+    monkeypatch.setattr(journal_writer, "_writer", stuck)
+    page = admin_client.get("/admin/").content.decode()
+    assert "The audit journal is not draining" in page and "connection refused" in page
+    stuck.database = "ok"
+    journal.mark_drained(journal.size)
+    assert "not draining" not in admin_client.get("/admin/").content.decode()

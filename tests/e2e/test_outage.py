@@ -1,0 +1,162 @@
+"""The proxy and its audit when Postgres is stopped or frozen (issue: fault tolerance, items 1 and 2).
+
+A private Postgres cluster (``tests/e2e/private_pg.py``; never the CI's own) behind a real
+``manage.py serve``, the simulator as upstream, openai-python as the client. Across a stop and a
+freeze: known keys keep being served at their usual speed, unknown keys get a retryable 503, /readyz
+stays 200 and says the database is down, and once the database is back the journal drains: every
+request, attempt and finding of the outage is in the database exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import ALLOW_LOOPBACK, ROOT, ProxyServer, running_proxy
+from tests.e2e.private_pg import PrivatePostgres
+
+TOOL = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+#: A guarded request whose first attempt is broken (a finding and a retry), then recovered.
+RECOVERED = "gen:calls=1:broken=1:kinds=fused-truncated-sse-frames"
+
+
+@dataclass
+class Outage:
+    pg: PrivatePostgres
+    server: ProxyServer
+    known: str
+    unknown: str
+
+
+def _manage(url: str, *args: str) -> str:
+    env = {**os.environ, "DATABASE_URL": url, "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,  # noqa: S603
+                          capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def outage(simulator: Any) -> Iterator[Outage]:
+    # Not pytest's tmp_path: the postgres user must reach the folder (pytest-of-root is private).
+    folder = Path(tempfile.mkdtemp(prefix="toolrelay-outage-"))
+    pg = PrivatePostgres(folder)
+    pg.start()
+    try:
+        _manage(pg.url, "migrate", "--skip-checks", "-v0")
+        known = json.loads(_manage(pg.url, "provision", "--skip-checks", "--tenant", "outage", "--upstream-url",
+                                   simulator.url, "--upstream-key", "sk-outage", "--json"))["api_key"]
+        unknown = json.loads(_manage(pg.url, "apikey", "--skip-checks", "create", "--tenant", "outage",
+                                     "--json"))["api_key"]
+        with running_proxy(pg.url, folder / "serve.log", AUTH_CACHE_SECONDS="1", DB_CALL_TIMEOUT_SECONDS="1",
+                           DB_CONNECT_TIMEOUT_SECONDS="1", JOURNAL_BATCH_SECONDS="0.05",
+                           JOURNAL_PING_SECONDS="0.5") as server:
+            yield Outage(pg, server, known, unknown)
+    finally:
+        pg.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _guarded(server: ProxyServer, key: str) -> tuple[str, float]:
+    """One guarded, recovered request: its request id and how long it took (seconds)."""
+    started = time.monotonic()
+    messages = [{"role": "user", "content": f"weather [{uuid.uuid4().hex}]"}]
+    with openai.OpenAI(base_url=server.v1, api_key=key, max_retries=0, timeout=30) as client, \
+            client.chat.completions.stream(model=RECOVERED, messages=messages, tools=TOOL) as stream:
+        final = stream.get_final_completion()
+        request_id = stream._response.headers["x-request-id"]
+    assert final.choices[0].message.tool_calls
+    return request_id, time.monotonic() - started
+
+
+def _ready(server: ProxyServer) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/readyz", timeout=10)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _drained(server: ProxyServer, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _ready(server)
+        if state["database"] == "ok" and state["journal_backlog_bytes"] == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the journal did not drain: {_ready(server)}")
+
+
+def _refused_unknown(outage: Outage) -> float:
+    started = time.monotonic()
+    response = httpx.post(f"{outage.server.v1}/chat/completions", timeout=30,
+                          headers={"authorization": f"Bearer {outage.unknown}"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+    assert response.status_code == 503 and response.headers["x-should-retry"] == "true"
+    assert int(response.headers["retry-after"]) >= 1
+    assert response.json()["error"]["code"] == "auth_unavailable"
+    return time.monotonic() - started
+
+
+def _audited_once(pg: PrivatePostgres, ids: list[str]) -> None:
+    """Every request once, recovered, with exactly its two attempts and the broken one's finding."""
+    quoted = ",".join(f"'{uuid.UUID(i)}'" for i in ids)  # UUIDs the server sent: safe in the query text
+    rows = pg.sql(f"select id, outcome, attempts from audit_proxyrequest where id in ({quoted})")  # noqa: S608
+    assert sorted(r[0] for r in rows) == sorted(ids)
+    assert {r[1] for r in rows} == {"recovered-by-retry"} and {r[2] for r in rows} == {"2"}
+    attempts = pg.sql(f"select request_id, count(*) from audit_attempt where request_id in ({quoted}) "  # noqa: S608
+                      "group by request_id")
+    assert {r[1] for r in attempts} == {"2"} and len(attempts) == len(ids)
+    findings = pg.sql("select count(distinct request_id) from audit_finding "  # noqa: S608
+                      f"where request_id in ({quoted}) and kind = 'fused-truncated-sse-frames'")
+    assert findings == [(str(len(ids)),)]
+
+
+def test_it_serves_known_keys_and_loses_no_audit_row_while_postgres_is_stopped(outage: Outage) -> None:
+    before = [_guarded(outage.server, outage.known)[0] for _ in range(3)]
+    _drained(outage.server)
+    outage.pg.stop()
+    try:
+        during = [_guarded(outage.server, outage.known) for _ in range(8)]
+        time.sleep(1.2)  # past AUTH_CACHE_SECONDS: served from the last good answer, not the cache
+        during += [_guarded(outage.server, outage.known) for _ in range(4)]
+        _refused_unknown(outage)
+        state = _ready(outage.server)
+        assert state["database"] == "down" and state["journal_backlog_bytes"] > 0
+    finally:
+        outage.pg.start()
+    _drained(outage.server)
+    _audited_once(outage.pg, before + [request_id for request_id, _ in during])
+
+
+def test_a_frozen_postgres_slows_nothing_down_and_loses_nothing(outage: Outage) -> None:
+    _guarded(outage.server, outage.known)
+    _drained(outage.server)
+    baseline = max(_guarded(outage.server, outage.known)[1] for _ in range(3))
+    pids = outage.pg.freeze()
+    try:
+        during = [_guarded(outage.server, outage.known) for _ in range(10)]
+        time.sleep(1.5)
+        during += [_guarded(outage.server, outage.known) for _ in range(5)]
+        waited = _refused_unknown(outage)
+        state = _ready(outage.server)
+    finally:
+        outage.pg.thaw(pids)
+    slow = sorted(seconds for _, seconds in during)
+    # A known key waits at most KNOWN_KEY_WAIT (0.25 s) for a lookup before its last good answer is served.
+    assert slow[-1] < baseline + 0.6, (baseline, slow)
+    assert waited < 3.5, "an unknown key learns of the outage within the bounded call"
+    assert state["database"] == "down"
+    _drained(outage.server)
+    _audited_once(outage.pg, [request_id for request_id, _ in during])
