@@ -7,7 +7,8 @@ to its tenant group and to ``incidents.all``.
 
 ``publish(incidents)`` is called from the journal writer thread, never from the event loop that
 serves requests, and never raises: each call is bounded by ``PUBLISH_TIMEOUT`` seconds and
-``MAX_PER_CALL`` incidents (the rest are counted and dropped, with a log line). With the Redis
+``MAX_PER_CALL`` incidents (the rest are dropped, with a log line), and after a failure nothing is
+tried for ``PAUSE_AFTER_FAILURE`` seconds. With the Redis
 layer (channels-redis, ``REDIS_URL``) the send runs on an event loop private to the calling
 thread, so every process's consumers get it. The in-memory layer (``make run`` without Redis)
 lives on the loop of the process's WebSocket consumers and is not thread-safe: the send is handed
@@ -35,10 +36,14 @@ SYSTEM = "incidents.system"
 MESSAGE_TYPE = "incident"  # the consumer's ``incident`` handler
 PUBLISH_TIMEOUT = 1.0
 MAX_PER_CALL = 100
+#: After a failed send, nothing is tried for this long (seconds): a layer that is down costs the writer
+#: one timeout per pause, not one per batch.
+PAUSE_AFTER_FAILURE = 30.0
 
 _consumer_loop: asyncio.AbstractEventLoop | None = None
 _local = threading.local()
 _last_warning = 0.0
+_paused_until = 0.0
 
 
 def tenant_group(tenant_id: int) -> str:
@@ -74,8 +79,9 @@ def _private_loop() -> asyncio.AbstractEventLoop:
 
 def publish(incidents: Iterable[Incident]) -> int:
     """Send ``incidents`` to their groups (bounded; never raises); returns how many were handed over."""
+    global _paused_until
     items = list(incidents)
-    if not items:
+    if not items or time.monotonic() < _paused_until:
         return 0
     if len(items) > MAX_PER_CALL:
         _warn(f"live incident feed: {len(items) - MAX_PER_CALL} incident(s) dropped in one burst")
@@ -88,6 +94,9 @@ def publish(incidents: Iterable[Incident]) -> int:
             loop = _consumer_loop
             if loop is None or loop.is_closed():
                 return 0
+            if _running_loop() is loop:  # called on the consumers' own loop: waiting would block it
+                loop.create_task(_send_all(layer, items))
+                return len(items)
             future = asyncio.run_coroutine_threadsafe(_send_all(layer, items), loop)
             try:
                 future.result(PUBLISH_TIMEOUT)
@@ -96,9 +105,17 @@ def publish(incidents: Iterable[Incident]) -> int:
         else:
             _private_loop().run_until_complete(asyncio.wait_for(_send_all(layer, items), PUBLISH_TIMEOUT))
     except Exception as exc:  # noqa: BLE001 - the feed is a convenience; the journal must go on
-        _warn(f"live incident feed: not published ({type(exc).__name__}: {exc})")
+        _paused_until = time.monotonic() + PAUSE_AFTER_FAILURE
+        _warn(f"live incident feed: not published ({type(exc).__name__}: {exc}); paused {PAUSE_AFTER_FAILURE:g} s")
         return 0
     return len(items)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _warn(message: str) -> None:

@@ -45,6 +45,9 @@ BROKEN = b"data: {not json\n\n"
 
 @pytest.fixture(autouse=True)
 async def _close_thread_connections() -> AsyncIterator[None]:
+    from audit import incident_feed
+
+    incident_feed._paused_until = 0.0  # no pause left behind by an earlier test's failed send
     yield
     await sync_to_async(connections.close_all)()
 
@@ -195,13 +198,14 @@ async def test_the_journal_not_draining_reaches_every_viewer_and_the_operators_w
     journal_writer.journal()
     writer = journal_writer.writer()
     assert writer is not None
-    writer._failed(OperationalError("the database went away"))  # what the writer thread calls on a failed batch
+    # What the writer thread calls on a failed batch and on the next good one (called from a thread, as there).
+    await sync_to_async(writer._failed)(OperationalError("the database went away"))
     try:
         for communicator in feeds:
             item = await next_incident(communicator, "journal-not-draining")
             assert item["tenant_id"] is None and "went away" in item["detail"]
     finally:
-        writer._ok()
+        await sync_to_async(writer._ok)()
     for communicator in feeds:
         assert (await next_incident(communicator, "journal-draining"))["tenant_id"] is None
         await communicator.disconnect()
@@ -219,3 +223,22 @@ async def _sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+async def test_the_feed_runs_over_redis_as_in_compose(admin_a: Any, outsider_b: Any, world_a: TenantWorld,
+                                                      settings: Any) -> None:
+    """With ``REDIS_URL`` the layer is channels-redis: the writer thread publishes through Redis (its own event
+    loop) and the socket receives through it; still A's only."""
+    from tests.audit.conftest import ensure_redis
+
+    await sync_to_async(ensure_redis)()
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
+        "hosts": ["redis://127.0.0.1:6379/12"], "prefix": f"tr-test-{uuid.uuid4().hex[:8]}"}}}
+    feed_a, accepted, _ = await feed(admin_a)
+    feed_b, _, _ = await feed(outsider_b)
+    assert accepted
+    request_id = journal_exhausted(world_a)
+    assert (await next_incident(feed_a, "exhausted"))["request_id"] == request_id
+    assert await feed_b.receive_nothing(timeout=0.5)
+    for communicator in (feed_a, feed_b):
+        await communicator.disconnect()
