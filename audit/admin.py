@@ -399,7 +399,12 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
 
     def get_urls(self) -> list[URLPattern]:
         dashboard = path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="audit_dashboard")
-        return [dashboard, *super().get_urls()]
+        live = path("incidents/", self.admin_site.admin_view(self.incidents_view), name="audit_incidents")
+        return [dashboard, live, *super().get_urls()]
+
+    def incidents_view(self, request: HttpRequest) -> HttpResponse:
+        """The live incident feed (``audit.views.incidents``) inside the admin's chrome."""
+        return views.incidents(request, self.admin_site)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """The dashboard (``audit.views.dashboard``) inside the admin's chrome."""

@@ -27,6 +27,7 @@ COLOURS = {
     "client-cancelled": ("#374151", "#e5e7eb"),
     "interrupted": ("#374151", "#fde68a"), "rejected": ("#581c87", "#f3e8ff"), "pending": ("#374151", "#f3f4f6"),
     "error": ("#ffffff", "#b91c1c"), "warning": ("#78350f", "#fef3c7"), "info": ("#374151", "#e5e7eb"),
+    "delivered": ("#14532d", "#dcfce7"), "failed": ("#7f1d1d", "#fee2e2"),
 }
 
 

@@ -32,7 +32,9 @@ from django.db import close_old_connections, connections
 from django.db.utils import DataError, IntegrityError, OperationalError
 from django.utils import timezone
 
-from audit import services
+from alerts import operator as operator_alert
+from audit import incident_feed, services
+from audit.incidents import Detector, journal_state
 from audit.journal import SUFFIX, Journal, Line, lock_orphan, read_lines, read_offset
 from proxy.dbcall import bounded
 
@@ -103,6 +105,8 @@ class JournalWriter(threading.Thread):
         self._next_scan = 0.0
         self._retry_at = 0.0
         self._last_ok = -1e9  # ping at the first idle cycle
+        self._incidents = Detector()
+        self._published = 0  # the end of the last record of our journal handed to the live incident feed
 
     # ----- control -----
 
@@ -196,11 +200,12 @@ class JournalWriter(threading.Thread):
             if not lines:
                 return wrote
             wrote = True
+            self._publish(lines)
             self._write(lines, self.journal.path.name)
             self._position = lines[-1].end
             self.journal.mark_drained(self._position)
             if self.journal.size == 0:
-                self._position = 0
+                self._position = self._published = 0
                 break
         if wrote:
             self._gauge()
@@ -222,6 +227,13 @@ class JournalWriter(threading.Thread):
             return
         if skipped:
             logger.warning("journal %s: %d attempt record(s) of unknown requests skipped", name, skipped)
+
+    def _publish(self, lines: list[Line]) -> None:
+        """Hand the incidents of records not seen before to the live feed (once each, also when the database
+        refuses the batch and it is read again; bounded, never raises)."""
+        fresh = [line.record for line in lines if line.end > self._published]
+        self._published = max(self._published, lines[-1].end)
+        incident_feed.publish(self._incidents.feed(fresh))
 
     def _call(self, fn: Any) -> Any:
         close_old_connections()
@@ -273,20 +285,32 @@ class JournalWriter(threading.Thread):
 
     def _failed(self, exc: Exception) -> None:
         message = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-        if self.database != "down":
+        changed = self.database != "down"
+        if changed:
             logger.warning("audit journal: the database is not taking records (%s); keeping them in %s "
                            "(backlog %d bytes)", message, self.journal.path, self.journal.backlog)
         self.database, self.error = "down", message
+        if changed:
+            self._state_changed()
         backoff = 0.5 if isinstance(exc, OperationalError) else 2.0
         self._retry_at = time.monotonic() + backoff
         self._gauge()
 
     def _ok(self) -> None:
         self._last_ok = time.monotonic()
-        if self.database == "down":
+        changed = self.database == "down"
+        if changed:
             logger.warning("audit journal: the database takes records again; backlog %d bytes", self.journal.backlog)
         self.database, self.error = "ok", ""
         self._gauge()
+        if changed:
+            self._state_changed()
+
+    def _state_changed(self) -> None:
+        """The database went down or came back: tell the live feed and the operator's webhook (both bounded)."""
+        item = journal_state(self.database, backlog=self.journal.backlog, error=self.error)
+        incident_feed.publish([item])
+        operator_alert.post(item)
 
     def _gauge(self) -> None:
         from proxy import metrics

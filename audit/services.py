@@ -86,6 +86,8 @@ class RequestResult:
     wasted_completion_tokens: int = 0
     wasted_ms: float = 0.0
     error: str = ""
+    #: What the client received at the end (``audit.delivered`` shapes); None when not recorded.
+    delivered: dict[str, Any] | None = None
 
 
 # ----- the byte path: records into the journal -----
@@ -154,7 +156,7 @@ def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
         "outcome": r.outcome, "status": r.status, "attempts": r.attempts, "ttft_ms": r.ttft_ms,
         "total_ms": r.total_ms, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
         "wasted_completion_tokens": r.wasted_completion_tokens, "wasted_ms": r.wasted_ms,
-        "error": r.error[:2000], "finished": timezone.now().timestamp()}})
+        "error": r.error[:2000], "delivered": r.delivered, "finished": timezone.now().timestamp()}})
 
 
 # ----- the writer: batches into the database -----
@@ -188,15 +190,28 @@ def _request_row(rid: str, req: dict[str, Any], res: dict[str, Any] | None) -> P
 
 
 _RESULT_FIELDS = ("outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens", "completion_tokens",
-                  "wasted_completion_tokens", "wasted_ms", "error", "finished")
+                  "wasted_completion_tokens", "wasted_ms", "delivered", "error", "finished")
 
 
 def _apply_result(row: ProxyRequest, res: dict[str, Any]) -> None:
-    for name in _RESULT_FIELDS[:-2]:
+    for name in _RESULT_FIELDS[:-3]:
         if name in res:
             setattr(row, name, res[name])
+    delivered = res.get("delivered")
+    row.delivered = _db_json(delivered) if isinstance(delivered, dict) else None
     row.error = db_text(res.get("error", ""))
     row.finished = _when(res.get("finished"))
+
+
+def _db_json(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string made acceptable to Postgres (``db_text``)."""
+    if isinstance(value, str):
+        return db_text(value)
+    if isinstance(value, dict):
+        return {db_text(k): _db_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_db_json(v) for v in value]
+    return value
 
 
 @dataclass(slots=True)

@@ -22,9 +22,11 @@ from django.utils import timezone
 
 from audit.chart_links import ChartLinks
 from audit.exports import figure_context
+from audit.incidents import KINDS, Incident, incident
+from audit.models import Finding, ProxyRequest
 from audit.reports import Scope, build_figures
 from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
-from tenants.models import Tenant
+from tenants.models import Tenant, Upstream
 
 MAX_DAYS = 366
 #: The default period looks back this far, and zooms in on the data when it covers less.
@@ -160,3 +162,53 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
                        form=DashboardForm(initial={"since": scope.since, "until": scope.until, "tenant": tenant},
                                           request=request))
     return TemplateResponse(request, "audit/dashboard.html", context)
+
+
+#: The live page starts with the incidents of this recent past, read from the audit rows.
+RECENT = timedelta(hours=24)
+RECENT_MAX = 50
+#: Where ``config/asgi.py`` routes the feed's WebSocket.
+SOCKET_PATH = "/admin/audit/incidents/ws"
+
+
+def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
+    """The newest exhausted and retried requests and broken loops of the last ``RECENT`` (newest first),
+    shaped as the feed's incidents."""
+    since = timezone.now() - RECENT
+    rows = ProxyRequest.objects.filter(created__gte=since, outcome__in=[ProxyRequest.Outcome.EXHAUSTED,
+                                                                         ProxyRequest.Outcome.RECOVERED])
+    loops = Finding.objects.filter(created__gte=since, kind="agent-loop")
+    if tenant_ids is not None:
+        rows, loops = rows.filter(tenant_id__in=tenant_ids), loops.filter(tenant_id_copy__in=tenant_ids)
+    found = []
+    for row in rows.order_by("-created")[:RECENT_MAX]:
+        exhausted = row.outcome == ProxyRequest.Outcome.EXHAUSTED
+        title = (f"Retries ran out after {row.attempts} attempt(s) ({row.model[:100]})" if exhausted
+                 else f"Recovered by retry after {row.attempts} attempts ({row.model[:100]})")
+        when = row.finished or row.created
+        found.append(incident("exhausted" if exhausted else "retry", "error" if exhausted else "warning", title,
+                              tenant_id=row.tenant_id, request_id=str(row.pk), upstream_id=row.upstream_id,
+                              detail=row.error if exhausted else "", at=when.timestamp()))
+    for finding in loops.select_related("request").order_by("-created")[:RECENT_MAX]:
+        found.append(incident("loop-broken", "warning", "An agent loop was broken", tenant_id=finding.tenant_id_copy,
+                              request_id=str(finding.request_id), upstream_id=finding.request.upstream_id,
+                              detail=finding.detail, at=finding.created.timestamp()))
+    return sorted(found, key=lambda i: -i["at"])[:RECENT_MAX]
+
+
+def incidents(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
+    """The live incident feed: the recent incidents, then new ones over the WebSocket (``audit.consumers``)."""
+    if not can_view_audit(request):
+        raise PermissionDenied
+    ids = visible_tenant_ids(request)
+    tenants = visible_tenants(request)
+    upstreams = Upstream.objects.filter(tenant__in=tenants).select_related("tenant")
+    context: dict[str, Any] = {
+        **admin_site.each_context(request), "title": "Live incidents",
+        "recent": _recent_incidents(ids),
+        "names": {"tenants": {str(t.pk): t.name for t in tenants},
+                  "upstreams": {str(u.pk): f"{u.tenant.slug} / {u.name}" for u in upstreams}},
+        "request_url": reverse("admin:audit_proxyrequest_change", args=["00000000-0000-0000-0000-000000000000"]),
+        "socket_path": SOCKET_PATH, "kinds": KINDS,
+    }
+    return TemplateResponse(request, "audit/incidents.html", context)

@@ -1,4 +1,5 @@
-"""ASGI entry point: ``/v1/*`` goes to the proxy consumers, everything else to Django."""
+"""ASGI entry point: ``/v1/*`` goes to the proxy consumers, everything else to Django; one WebSocket, the
+admin's live incident feed (``audit.consumers``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,26 @@ from django.core.asgi import get_asgi_application  # noqa: E402 - settings must 
 
 django_application = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from audit.consumers import IncidentConsumer  # noqa: E402
+from audit.views import SOCKET_PATH  # noqa: E402
 from proxy.routing import proxy_urlpatterns  # noqa: E402
 
 _django: Any = ASGIStaticFilesHandler(django_application) if settings.SERVE_STATIC else django_application
 # Channels routes ASGI apps with Django's URL patterns; the stubs type those for views only.
 _routes: list[Any] = [*proxy_urlpatterns, re_path(r"", _django)]
 
-application = ProtocolTypeRouter({"http": URLRouter(_routes)})
+# The admin's live incident feed: the admin session authenticates it; a page of another origin cannot open it.
+_feed: Any = IncidentConsumer.as_asgi()
+_sockets: list[Any] = [re_path(rf"^{SOCKET_PATH.lstrip('/')}$", _feed)]
+
+application = ProtocolTypeRouter({
+    "http": URLRouter(_routes),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(_sockets))),
+})

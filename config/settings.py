@@ -101,11 +101,29 @@ RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
 #: the orchestrator's stop grace period: compose's stop_grace_period is 60 s).
 SHUTDOWN_GRACE_SECONDS = envfloat("SHUTDOWN_GRACE_SECONDS", 50.0)
 
+#: The operator's webhook (alerts/operator.py): the web process posts to it when its audit journal stops
+#: draining into the database and when it drains again (Postgres may be down: no Celery, no database).
+#: Format ``slack`` ({"text": ...}) or ``generic`` (the alert's fields); signed with the secret when set.
+ALERT_WEBHOOK_URL = envstr("ALERT_WEBHOOK_URL")
+ALERT_WEBHOOK_SECRET = envstr("ALERT_WEBHOOK_SECRET")
+ALERT_WEBHOOK_FORMAT = envstr("ALERT_WEBHOOK_FORMAT", "slack")
+if ALERT_WEBHOOK_FORMAT not in ("slack", "generic"):
+    raise ImproperlyConfigured(f"ALERT_WEBHOOK_FORMAT={ALERT_WEBHOOK_FORMAT!r}: expected slack or generic")
+ALERT_WEBHOOK_TIMEOUT_SECONDS = envfloat("ALERT_WEBHOOK_TIMEOUT_SECONDS", 5.0)
+#: Without a broker (no beat), `manage.py serve` evaluates the tenants' alert rules this often (seconds;
+#: 0 turns it off). With a broker, beat runs them on the schedule `setup_schedules` registers.
+ALERT_EVALUATE_SECONDS = envfloat("ALERT_EVALUATE_SECONDS", 60.0)
+
 #: When set, ``GET /metrics`` requires ``Authorization: Bearer <METRICS_TOKEN>`` (it shows tenant
 #: slugs and traffic); unset, keep /metrics off the public listener at the reverse proxy.
 METRICS_TOKEN = envstr("METRICS_TOKEN")
 
 REDIS_URL = envstr("REDIS_URL")
+#: The channel layer of the live incident feed: Redis (channels-redis) when REDIS_URL is set, so every
+#: process's journal writer reaches every admin's WebSocket; else in process memory (one process).
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                              "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30}}
+                  if REDIS_URL else {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 # With no broker, tasks run in process (eagerly); see docs/deployment.md.
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
@@ -131,6 +149,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "tenants",
     "audit",
+    "alerts",
     "proxy",
 ]
 
@@ -276,6 +295,12 @@ SESSION_COOKIE_AGE = envint("SESSION_COOKIE_AGE", 12 * 3600)
 SESSION_COOKIE_HTTPONLY = True
 SECURE_REFERRER_POLICY = "same-origin"
 
+def _ws_origin(url: str) -> str:
+    """The WebSocket origin of ``url`` (``http://h:p/x`` -> ``ws://h:p``)."""
+    scheme, _, rest = url.partition("://")
+    return ("wss" if scheme == "https" else "ws") + "://" + rest.split("/", 1)[0]
+
+
 #: Content Security Policy (django-csp) for every Django page: no inline script or style without
 #: the per-response nonce, no plugins, no framing, forms post only here.
 CONTENT_SECURITY_POLICY = {
@@ -288,6 +313,9 @@ CONTENT_SECURITY_POLICY = {
         "base-uri": [NONE],
         "frame-ancestors": [NONE],
         "form-action": [SELF],
+        # The live incident feed's WebSocket: 'self' covers ws(s):// to this origin in CSP 3 browsers; the
+        # SITE_URL's own ws(s) origin is named for the others.
+        "connect-src": [SELF, _ws_origin(SITE_URL)],
     },
 }
 

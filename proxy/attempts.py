@@ -67,9 +67,11 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
 class AttemptLog:
     """The upstream calls of one request (``all``, in call order), each journaled when it ends."""
 
-    def __init__(self, record: audit.RequestRecord, targets: tuple[UpstreamTarget, ...]) -> None:
+    def __init__(self, record: audit.RequestRecord, targets: tuple[UpstreamTarget, ...],
+                 labels: metrics.RequestLabels | None = None) -> None:
         self.record = record
         self._targets = targets
+        self.labels = labels or metrics.request_labels(tenant="", route=None, upstream=None, path=record.path)
         self._secrets: frozenset[str] | None = None
         self.all: list[audit.AttemptRecord] = []
 
@@ -83,9 +85,10 @@ class AttemptLog:
     def add(self, target: UpstreamTarget, outcome: str, started: float, *, ended: float | None = None,
             **fields: Any) -> audit.AttemptRecord:
         """Record one upstream call (``fields`` as ``audit.AttemptRecord``); ``body`` is redacted."""
-        metrics.ATTEMPTS.labels(outcome=outcome).inc()
-        for finding in fields.get("findings", ()):
-            metrics.FINDINGS.labels(kind=finding.kind.value).inc()
+        ttfb = fields.get("ttfb_ms")
+        metrics.observe_attempt(self.labels, upstream=target.name, outcome=outcome,
+                                ttfb=ttfb / 1000 if ttfb is not None else None,
+                                findings=[f.kind.value for f in fields.get("findings", ())])
         if fields.get("body"):  # surrogateescape: undecodable upstream bytes come back exactly
             fields["body"] = redact(fields["body"].decode("utf-8", "surrogateescape"),
                                     self.secrets).encode("utf-8", "surrogateescape")

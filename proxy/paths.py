@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
-from proxy import metrics
+from audit.delivered import delivered_error, delivered_exhaustion, delivered_turn
 from proxy.attempts import usage_tokens
 from proxy.guard.answer import Answer, AnswerKind, RequestOutcome, exhaustion_message
 from proxy.guard.attempt import AttemptGuard, decide_completion
@@ -96,6 +96,9 @@ class _Path(abc.ABC):
     async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
         return Attempted(self.log.transport_failure(target, started, exc))
 
+    def _scrub(self, text: str) -> str:
+        return redact(text, self.log.secrets)
+
     def separator(self) -> str:
         """What sets the exhaustion answer apart from text the client already has."""
         return ""
@@ -111,8 +114,14 @@ class _Path(abc.ABC):
     async def _close(self, decision: Decision, number: int) -> Attempted:
         """End the stream with ``decision``'s turn (tool calls, finish, usage, terminator)."""
         assert decision.turn is not None
-        await self.response.end(self.call.emitter.close(redact_turn(decision.turn, self.log.secrets)))
+        turn = redact_turn(decision.turn, self.log.secrets)
+        self.deliver(turn)
+        await self.response.end(self.call.emitter.close(turn))
         return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+
+    def deliver(self, turn: Turn) -> None:
+        """Note for the audit the turn the client is sent (texts kept unless the policy keeps no content)."""
+        self.relay.delivered = delivered_turn(turn, content=self.call.plan.policy.fragments != FragmentStorage.NONE)
 
     async def _not_sse(self, number: int, target: UpstreamTarget, started: float,
                        upstream: UpstreamResponse) -> Attempted:
@@ -151,14 +160,20 @@ class _Path(abc.ABC):
         """Render ``answer`` (``answer_for``) in the client's protocol."""
         response, emitter = self.response, self.call.emitter
         error = answer.error
+        scrub = self._scrub
         if answer.kind is AnswerKind.HTTP_ERROR and error is not None:
+            self.relay.delivered = delivered_error(error.status, error.message, scrub=scrub)
             await response.error(error.status, error.message, type=error.type, code=error.code,
                                  should_retry=answer.retryable, retry_after=error.retry_after)
         elif answer.kind is AnswerKind.STREAM_ERROR and error is not None:
+            self.relay.delivered = delivered_exhaustion(error.message, as_error=True, scrub=scrub) \
+                if answer.outcome is RequestOutcome.EXHAUSTED else delivered_error(error.status, error.message,
+                                                                                   scrub=scrub)
             await response.end(emitter.close_error(error))
         else:
             message = exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
                                          guarded=self.request.guarded, request_id=str(response.request_id))
+            self.relay.delivered = delivered_exhaustion(message, scrub=scrub)
             if self.request.stream:
                 await response.end(emitter.close_exhausted(self.separator() + message))
             else:
@@ -261,7 +276,6 @@ class Guarded(_Path):
             async for chunk in upstream.chunks():
                 if ttfb is None:
                     ttfb = (time.monotonic() - started) * 1000
-                    metrics.UPSTREAM_TTFB.observe(ttfb / 1000)
                 size += len(chunk)
                 if keep_body and size <= settings.AUDIT_BODY_CAP:
                     parts.append(chunk)
@@ -329,10 +343,12 @@ class NonStream(_Path):
         prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
         self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
                      abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,
-                     completion_tokens=completion, bytes_received=len(body), body=body)
+                     completion_tokens=completion, bytes_received=len(body), frames=1 if body else 0, body=body)
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
-        await self.response.send_json(200, self.call.emitter.complete(redact_turn(decision.turn, self.log.secrets)))
+        turn = redact_turn(decision.turn, self.log.secrets)
+        self.deliver(turn)
+        await self.response.send_json(200, self.call.emitter.complete(turn))
         return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
 
     async def _forward(self, target: UpstreamTarget, started: float, body: bytes, content_type: str) -> Attempted:
@@ -343,7 +359,7 @@ class NonStream(_Path):
             usage = None
         prompt, completion = usage_tokens(usage)
         self.log.add(target, "clean", started, upstream_status=200, prompt_tokens=prompt,
-                     completion_tokens=completion, bytes_received=len(body))
+                     completion_tokens=completion, bytes_received=len(body), frames=1 if body else 0)
         await self.response.start(200, [(b"content-type", content_type.encode("latin-1"))])
         await self.response.end(body)
         return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)

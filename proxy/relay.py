@@ -19,6 +19,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -26,7 +27,7 @@ from audit import services as audit
 from proxy import metrics
 from proxy.attempts import AttemptLog
 from proxy.background import drain_background
-from proxy.guard.answer import RequestOutcome, answer_for
+from proxy.guard.answer import RequestOutcome, answer_for, model_failure
 from proxy.guard.emit import Emitter
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.request import ChatRequest
@@ -94,13 +95,18 @@ class Relay:
             findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
                                    f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
         )
-        self.log = AttemptLog(record, call.plan.targets)
+        self.labels = metrics.request_labels(tenant=call.principal.slug, route=call.plan.route_name,
+                                             upstream=first.name, path=call.path)
+        self.log = AttemptLog(record, call.plan.targets, self.labels)
         self.deadline = response.started + call.plan.deadline  # monotonic seconds
         self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
         self._last: Attempted | None = None
         self.attempts_made = 0
         self.outcome = RequestOutcome.UPSTREAM_ERROR
         self.error = ""
+        #: What the client got at the end (``audit.delivered``), set by the path that answered; None for
+        #: bytes passed through unchanged.
+        self.delivered: dict[str, Any] | None = None
 
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
@@ -149,15 +155,18 @@ class Relay:
         """Attempt after attempt until one is delivered, the failure is not retryable, the policy's retries
         or the retry budget are spent; returns the last attempt's result."""
         result: Attempted | None = None
+        failed: UpstreamTarget | None = None
         budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
         for attempt, target in self.call.plan.attempts():
-            if result is not None:
+            if result is not None and failed is not None:
                 if not await self._backoff(attempt - 1, result.decision.error, budget_end):
                     break
+                cause = "broken_output" if model_failure(result.decision) else "upstream_error"
+                metrics.observe_retry(self.labels, upstream=failed.name, cause=cause)
             self.attempts_made = attempt + 1
             self._current = (target, time.monotonic())
             result = self._last = await path.attempt(attempt, target)
-            self._current = None
+            self._current, failed = None, target
             if result.delivered or not retryable(result.decision):
                 break
         assert result is not None, "a plan has at least one attempt"
@@ -214,8 +223,11 @@ class Relay:
             prompt_tokens=sum(a.prompt_tokens for a in attempts),
             completion_tokens=sum(a.completion_tokens for a in attempts),
             wasted_completion_tokens=sum(a.completion_tokens for a in wasted),
-            wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error,
+            wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error, delivered=self.delivered,
         )
-        metrics.observe_request(self.call.principal.slug, self.call.path, self.outcome.value, response.ttft)
+        added = None
+        if good is not None and good.duration_ms is not None and result.total_ms is not None:
+            added = (result.total_ms - good.duration_ms) / 1000
+        metrics.observe_request(self.labels, outcome=self.outcome.value, ttft=response.ttft, added_latency=added)
         audit.request_finished(request=self.log.record, result=result)
         metrics.IN_FLIGHT.dec()

@@ -3,8 +3,10 @@
 Builds a throwaway SQLite database in ``var/browser/`` with a superuser and a few hours of audit rows
 (every outcome, attempts, findings), serves it with Daphne on a free port, logs in with Selenium
 (Debian's ``chromium`` and ``chromedriver``), and saves screenshots of the proxy requests list, a
-request's page and the dashboard into ``var/browser/``. It fails (exit 1) when the requests list
-does not fit: the outcome column must be visible, and the last column must end inside the window.
+request's page, the dashboard and the live incidents page into ``var/browser/``; the live page's
+WebSocket must open (its script runs under the CSP, and connect-src lets it connect). It fails (exit 1)
+when the requests list does not fit (the outcome column must be visible, and the last column must end
+inside the window) or when the live feed does not connect.
 
     .venv/bin/python scripts/browser_check.py [--keep]     # --keep: leave the server running
 """
@@ -168,6 +170,19 @@ def check_list(driver: Any) -> list[str]:
     return problems
 
 
+def check_live_feed(driver: Any, base: str) -> list[str]:
+    """The live incidents page: its script runs under the CSP and its WebSocket opens (within 10 s)."""
+    driver.get(f"{base}/admin/audit/proxyrequest/incidents/")
+    deadline = time.monotonic() + 10
+    state = ""
+    while time.monotonic() < deadline:
+        state = driver.find_element("id", "tr-feed-state").get_attribute("data-state") or ""
+        if state == "open":
+            return []
+        time.sleep(0.2)
+    return [f"the live incident feed did not connect (state {state!r})"]
+
+
 def log_in(driver: Any, base: str, password: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -200,6 +215,8 @@ def run(keep: bool) -> int:
         shots.append(shoot(driver, link, "request-page.png", full=True))
         shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/dashboard/", "dashboard.png", full=True))
         shots.append(shoot(driver, f"{base}/admin/", "index.png"))
+        problems += check_live_feed(driver, base)
+        shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/incidents/", "live-incidents.png"))
     finally:
         driver.quit()
         if keep:

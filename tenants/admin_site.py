@@ -35,7 +35,7 @@ from django_otp.forms import OTPAuthenticationFormMixin
 from django_otp.models import Device
 
 #: The audit section's order: the dashboard first, then the lists people open during an incident.
-AUDIT_ORDER = ("Dashboard", "ProxyRequest", "Finding", "Report", "Fragment")
+AUDIT_ORDER = ("Dashboard", "LiveIncidents", "ProxyRequest", "Finding", "Report", "Fragment")
 #: Apps shown first, in this order (the rest follow in Django's order).
 APP_ORDER = ("audit", "tenants")
 #: Apps whose models only do something with a Celery broker (periodic tasks run by beat).
@@ -127,13 +127,14 @@ class ToolrelayAdminSite(admin.AdminSite):
 
 def _audit_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
     try:
-        url = reverse("admin:audit_dashboard")
+        pages = [("Dashboard", "Dashboard", reverse("admin:audit_dashboard")),
+                 ("Live incidents", "LiveIncidents", reverse("admin:audit_incidents"))]
     except NoReverseMatch:
         return models
-    dashboard = {"name": "Dashboard", "object_name": "Dashboard", "admin_url": url, "add_url": None,
-                 "view_only": True, "perms": {"view": True}}
+    extra = [{"name": name, "object_name": object_name, "admin_url": url, "add_url": None, "view_only": True,
+              "perms": {"view": True}} for name, object_name, url in pages]
     rank = {name: n for n, name in enumerate(AUDIT_ORDER)}
-    return sorted([dashboard, *models], key=lambda m: rank.get(m["object_name"], len(rank)))
+    return sorted([*extra, *models], key=lambda m: rank.get(m["object_name"], len(rank)))
 
 
 class _ReadOnly:

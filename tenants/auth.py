@@ -89,6 +89,8 @@ class RoutePlan:
     max_output_tokens: int | None
     policy: GuardPolicy
     deadline: float = 600.0
+    #: The matched route's ``public_name`` as configured (a metrics label); None for the default upstream.
+    route_name: str | None = None
 
     def target(self, attempt: int) -> UpstreamTarget:
         """The target for 0-based ``attempt``: the primary, then fallbacks in order, then the last one again."""
@@ -142,7 +144,7 @@ class Principal:
                 return None
             targets = tuple(dataclasses.replace(t, model=m or model) for t, m in route.targets)
             return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy,
-                             _deadline(route.request_deadline, targets))
+                             _deadline(route.request_deadline, targets), route_name=route.public_name)
         if self.default_target is not None:
             targets = (dataclasses.replace(self.default_target, model=model),)
             return RoutePlan(model, None, targets, None, self.policy, _deadline(None, targets))

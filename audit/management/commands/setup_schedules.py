@@ -1,4 +1,5 @@
-"""``setup_schedules``: register the audit's periodic tasks with django-celery-beat (idempotent).
+"""``setup_schedules``: register the periodic tasks (retention purge, alert rules, reports) with
+django-celery-beat (idempotent).
 
 Beat then runs them (``celery -A config beat``, scheduler ``DatabaseScheduler``); each schedule is
 a PeriodicTask row that stays editable in the admin (Periodic tasks). Running this again creates
@@ -20,6 +21,8 @@ from tenants.models import Tenant
 RETENTION_TASK = "audit.tasks.retention_purge_task"
 REPORT_TASK = "audit.tasks.report_schedule_task"
 RETENTION_NAME = "audit: retention purge"
+ALERTS_TASK = "alerts.tasks.alerts_evaluate_task"
+ALERTS_NAME = "alerts: evaluate the webhook rules"
 
 
 def crontab(expression: str) -> CrontabSchedule:
@@ -48,7 +51,8 @@ def schedule_task(*, name: str, task: str, cron: str, args: list[Any], replace: 
 
 class Command(BaseCommand):
     help = (
-        "Register the daily retention purge (and optionally a periodic report of one tenant) as "
+        "Register the daily retention purge, the alert rules' evaluation (every minute) and optionally a "
+        "periodic report of one tenant as "
         "django-celery-beat schedules, editable afterwards in the admin."
     )
 
@@ -60,6 +64,8 @@ class Command(BaseCommand):
         parser.add_argument("--report-format", choices=Report.Format.values, default=Report.Format.HTML)
         parser.add_argument("--report-cron", default="0 6 * * 1", metavar="CRON",
                             help="When the report is made (UTC crontab; default Mondays 06:00).")
+        parser.add_argument("--alerts-cron", default="* * * * *", metavar="CRON",
+                            help="When the tenants' alert rules are evaluated (UTC crontab; default every minute).")
         parser.add_argument("--replace", action="store_true",
                             help="Reset existing schedules of these names (default: leave them as edited).")
 
@@ -67,6 +73,8 @@ class Command(BaseCommand):
         replace = options["replace"]
         self._say(RETENTION_NAME, *schedule_task(name=RETENTION_NAME, task=RETENTION_TASK,
                                                  cron=options["retention_cron"], args=[], replace=replace))
+        self._say(ALERTS_NAME, *schedule_task(name=ALERTS_NAME, task=ALERTS_TASK, cron=options["alerts_cron"],
+                                              args=[], replace=replace))
         slug = options["report_tenant"]
         if slug:
             if not Tenant.objects.filter(slug=slug).exists():

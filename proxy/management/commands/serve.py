@@ -56,6 +56,9 @@ class Command(BaseCommand):
         from audit.journal_writer import journal
 
         journal()  # the writer starts now: it drains journals a stopped process left before any request comes
+        from alerts import ticker
+
+        ticker.start()  # without a broker (no beat), the alert rules are evaluated here
 
         where = ", ".join([*([f"http://{host}:{port}"] if port is not None else []),
                            *([f"fd {fd}"] if fd is not None else [])])

@@ -1,0 +1,58 @@
+"""Celery tasks of the alerts: thin, id-based wrappers over ``alerts.services`` (STYLE.md rule 9).
+
+``alert_deliver_task(delivery_id)`` posts one alert and is retried with exponential backoff and
+jitter (``retry_backoff``: about 5, 10, 20, 40, 80, 160 s, at most ``MAX_RETRIES`` times) while the
+receiver does not take it; when the retries run out the delivery is marked failed. Without a
+broker (``OffThreadEagerTask``) the task runs in a background thread and Celery re-runs a retry at
+once: ``on_retry`` then sleeps the backoff in that thread first, so a receiver that is down is not
+hit six times in a row. ``alerts_evaluate_task()`` evaluates every webhook's rules (beat schedule
+``setup_schedules``; ``manage.py serve`` without a broker).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from celery import shared_task
+
+from alerts.services import DeliveryFailed, alert_deliver, alert_delivery_fail, alerts_evaluate
+from audit.tasks import OffThreadEagerTask
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRIES = 6
+BACKOFF_SECONDS = 5
+BACKOFF_MAX_SECONDS = 600
+
+
+class AlertTask(OffThreadEagerTask):
+    """Marks the delivery (first positional argument) failed when its retries run out; in eager mode,
+    waits the backoff before each retry (Celery's eager retries do not)."""
+
+    def on_retry(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        if self.request.is_eager:
+            cap = min(float(BACKOFF_MAX_SECONDS), float(self.retry_backoff) * 2 ** self.request.retries)
+            time.sleep(random.uniform(0, cap))  # noqa: S311 - jitter, not a secret
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        delivery_id = args[0] if args else (kwargs or {}).get("delivery_id")
+        if delivery_id is not None:
+            alert_delivery_fail(delivery_id=int(delivery_id), error=f"{type(exc).__name__}: {exc}")
+        logger.warning("alert delivery %s failed for good: %s", delivery_id, exc)
+
+
+@shared_task(base=AlertTask, bind=True, autoretry_for=(DeliveryFailed,), retry_backoff=BACKOFF_SECONDS,  # type: ignore[untyped-decorator]
+             retry_backoff_max=BACKOFF_MAX_SECONDS, retry_jitter=True, max_retries=MAX_RETRIES,
+             soft_time_limit=60, time_limit=90)
+def alert_deliver_task(self: AlertTask, delivery_id: int) -> str:
+    """Post alert delivery ``delivery_id``; returns its status."""
+    return alert_deliver(delivery_id=delivery_id)
+
+
+@shared_task(base=OffThreadEagerTask, soft_time_limit=120, time_limit=180)  # type: ignore[untyped-decorator]
+def alerts_evaluate_task() -> int:
+    """Evaluate every enabled webhook's rules; returns how many alerts were enqueued."""
+    return len(alerts_evaluate())

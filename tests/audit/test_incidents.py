@@ -1,0 +1,91 @@
+"""``audit.incidents.Detector``: journal records in, incidents out (no database, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from audit.incidents import Detector, journal_state
+
+REQ = {"tenant_id": 7, "upstream_id": 3, "model": "coder", "path": "guarded"}
+
+
+def finish(outcome: str, attempts: int = 2, rid: str = "r1", **res: Any) -> dict[str, Any]:
+    return {"t": "finish", "id": rid, "req": REQ, "res": {"outcome": outcome, "attempts": attempts,
+                                                           "finished": 100.0, **res}}
+
+
+def attempt(*, at: float, status: int | None = None, kinds: tuple[str, ...] = ("upstream_connection_error",),
+            outcome: str = "upstream-error", upstream: int = 3, rid: str = "r1") -> dict[str, Any]:
+    return {"t": "attempt", "id": rid, "tenant_id": 7, "number": 0, "upstream_id": upstream, "outcome": outcome,
+            "upstream_status": status, "abort_reason": "connection refused", "created": at,
+            "findings": [{"kind": k, "severity": "error", "action": "retry", "detail": "x"} for k in kinds]}
+
+
+def test_it_reports_exhausted_and_retried_requests_with_their_tenant_and_upstream() -> None:
+    """An exhausted request is an ``error``, a recovered one a ``retry`` ``warning``; clean ones are nothing."""
+    found = Detector().feed([finish("exhausted", 3, error="the arguments were not JSON"),
+                             finish("recovered-by-retry", 2, rid="r2"), finish("clean", 1, rid="r3")])
+    assert [(i["kind"], i["severity"], i["request_id"]) for i in found] == [
+        ("exhausted", "error", "r1"), ("retry", "warning", "r2")]
+    assert found[0]["tenant_id"] == 7 and found[0]["upstream_id"] == 3
+    assert "3 attempt" in found[0]["title"] and found[0]["detail"] == "the arguments were not JSON"
+    assert found[0]["at"] == 100.0
+
+
+def test_it_reports_a_broken_agent_loop_wherever_its_finding_is() -> None:
+    """A finding of kind ``agent-loop`` on a request's start, an attempt or its finish is a ``loop-broken``."""
+    loop = [{"kind": "agent-loop", "severity": "warning", "action": "error", "detail": "same call 4 times"}]
+    records = [{"t": "start", "id": "a", "req": REQ, "findings": loop},
+               {**attempt(at=1.0, kinds=(), outcome="clean", rid="b"), "findings": loop},
+               {**finish("clean", 1, rid="c"), "res": {"outcome": "clean", "findings": loop}}]
+    found = Detector().feed(records)
+    assert [(i["kind"], i["request_id"]) for i in found] == [("loop-broken", "a"), ("loop-broken", "b"),
+                                                             ("loop-broken", "c")]
+    assert found[0]["detail"] == "same call 4 times"
+
+
+def test_it_reports_one_incident_per_burst_of_unreachable_calls() -> None:
+    """Three failed calls to one upstream within the window: one incident; more within the window are quiet;
+    a burst after it is reported again; failures spread out never are."""
+    detector = Detector(burst_count=3, burst_window=60)
+    burst = detector.feed([attempt(at=t) for t in (0.0, 10.0, 20.0, 30.0, 40.0)])
+    assert [(i["kind"], i["at"]) for i in burst] == [("upstream-unreachable", 20.0)]
+    assert detector.feed([attempt(at=t) for t in (200.0, 201.0, 202.0)])[0]["at"] == 202.0
+    assert Detector().feed([attempt(at=t) for t in (0.0, 100.0, 200.0, 300.0)]) == []
+
+
+def test_it_counts_5xx_answers_and_keeps_upstreams_apart() -> None:
+    """A 503 counts as unreachable; a 400 or broken output does not; two upstreams do not add up."""
+    detector = Detector(burst_count=2, burst_window=60)
+    assert detector.feed([attempt(at=1.0, status=400, kinds=()), attempt(at=2.0, status=400, kinds=())]) == []
+    assert detector.feed([attempt(at=1.0, upstream=1), attempt(at=2.0, upstream=2)]) == []
+    assert len(detector.feed([attempt(at=3.0, status=503, kinds=(), upstream=5),
+                              attempt(at=4.0, status=503, kinds=(), upstream=5)])) == 1
+
+
+def test_the_journal_state_is_a_process_incident() -> None:
+    """The journal's state change carries no tenant (every viewer may see it) and says the backlog."""
+    down = journal_state("down", backlog=12_345, error="OperationalError: gone")
+    assert (down["kind"], down["severity"], down["tenant_id"]) == ("journal-not-draining", "error", None)
+    assert "12,345 bytes" in down["detail"] and "OperationalError" in down["detail"]
+    assert journal_state("ok", backlog=0)["kind"] == "journal-draining"
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                  max_size=4), max_leaves=12)
+_record = st.fixed_dictionaries({"t": st.sampled_from(["start", "attempt", "finish", "x"]),
+                                 "id": st.one_of(st.text(max_size=4), st.integers())},
+                                optional={"tenant_id": _json, "req": _json, "res": _json, "findings": _json,
+                                          "outcome": _json, "upstream_status": _json, "created": _json,
+                                          "upstream_id": _json})
+
+
+@given(st.lists(_record, max_size=8))
+def test_it_never_raises_on_any_record(records: list[dict[str, Any]]) -> None:
+    """Garbage records are skipped: the writer thread must never fail on what the journal holds."""
+    for item in Detector(burst_count=1).feed(records):
+        assert isinstance(item["kind"], str) and isinstance(item["title"], str)
