@@ -93,8 +93,11 @@ class Scrubber:
         self._plain = tuple(sorted((p for p in plain if len(p) >= MIN_SECRET), key=len, reverse=True))
         escaped = ["".join(_char_pattern(c) for c in value) for value in self._plain]
         self._escaped = re.compile("|".join(escaped)) if escaped else None
-        # Secrets whose escaped spellings the cheap unescaping below does not reproduce exactly.
-        self._always = any(" " in value or not value.isascii() for value in self._plain)
+        # Secrets whose escaped spellings the cheap unescaping below does not reproduce exactly: spaces
+        # (``+``), non-ASCII, and characters of the escape syntax itself (a raw ``\`` before ``\u0030``
+        # reads as an escaped backslash to the unescaper, while the pattern still matches it).
+        self._always = any(" " in value or not value.isascii() or "\\" in value or "%" in value
+                           for value in self._plain)
 
     def redact(self, text: str) -> str:
         """``text`` with every spelling of every secret, and any auth token, as ``[redacted]``."""
