@@ -61,7 +61,7 @@ def outage(simulator: Any) -> Iterator[Outage]:
                                    simulator.url, "--upstream-key", "sk-outage", "--json"))["api_key"]
         unknown = json.loads(_manage(pg.url, "apikey", "--skip-checks", "create", "--tenant", "outage",
                                      "--json"))["api_key"]
-        with running_proxy(pg.url, folder / "serve.log", AUTH_CACHE_SECONDS="1", DB_CALL_TIMEOUT_SECONDS="1",
+        with running_proxy(pg.url, folder / "serve.log", AUTH_CACHE_SECONDS="1", DB_CALL_TIMEOUT_SECONDS="3",
                            DB_CONNECT_TIMEOUT_SECONDS="1", JOURNAL_BATCH_SECONDS="0.05",
                            JOURNAL_PING_SECONDS="0.5") as server:
             yield Outage(pg, server, known, unknown)
@@ -154,9 +154,10 @@ def test_a_frozen_postgres_slows_nothing_down_and_loses_nothing(outage: Outage) 
     finally:
         outage.pg.thaw(pids)
     slow = sorted(seconds for _, seconds in during)
-    # A known key waits at most KNOWN_KEY_WAIT (0.25 s) for a lookup before its last good answer is served.
-    assert slow[-1] < baseline + 0.6, (baseline, slow)
-    assert waited < 3.5, "an unknown key learns of the outage within the bounded call"
+    # A known key waits at most KNOWN_KEY_WAIT (0.25 s) for a lookup before its last good answer is served;
+    # one that waited for the frozen database would take DB_CALL_TIMEOUT_SECONDS (3 s) or more.
+    assert slow[-1] < baseline + 1.5, (baseline, slow)
+    assert waited < 5.0, "an unknown key learns of the outage within the bounded call"
     assert state["database"] == "down"
     _drained(outage.server)
     _audited_once(outage.pg, [request_id for request_id, _ in during])
