@@ -102,6 +102,13 @@ async def principal_of(scope: Mapping[str, Any]) -> Principal:
 class ProxyConsumer(AsyncConsumer):
     """``/v1/*``: ``ProxyConsumer.as_asgi(dialect=..., endpoint=...)`` (``proxy.routing``)."""
 
+    #: No channel layer: an alias that is not configured makes Channels skip it. With the default one,
+    #: every request would make a channel name (``new_channel``) and wait on the layer beside the ASGI
+    #: receive: one more task per request on the byte path, and with ``REDIS_URL`` set a Redis
+    #: round trip and a blocking pop per request, so a Redis outage would reach the proxy. Only the
+    #: live incident feed uses the layer (channels/consumer.py ``AsyncConsumer.__call__``).
+    channel_layer_alias = "toolrelay-proxy-has-no-channel-layer"
+
     def __init__(self, *, dialect: Dialect = OPENAI_CHAT, endpoint: str = "not_found", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dialect = dialect
