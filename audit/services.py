@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from audit.models import Attempt, Finding, Fragment, ProxyRequest
@@ -291,11 +291,13 @@ def _update_results(rows: list[ProxyRequest]) -> None:
     connection = connections[ProxyRequest.objects.db]
     quote = connection.ops.quote_name
     meta = ProxyRequest._meta
-    fields = [meta.get_field(name) for name in _RESULT_FIELDS]
-    sql = (f"UPDATE {quote(meta.db_table)} SET " + ", ".join(f"{quote(f.column)} = %s" for f in fields)  # noqa: S608
-           + f" WHERE {quote(meta.pk.column)} = %s")
+    fields = [field for name in _RESULT_FIELDS if isinstance(field := meta.get_field(name), models.Field)]
+    pk = meta.pk
+    assert pk is not None and pk.column is not None
+    sql = (f"UPDATE {quote(meta.db_table)} SET "  # noqa: S608 - quoted names of our own columns
+           + ", ".join(f"{quote(str(f.column))} = %s" for f in fields) + f" WHERE {quote(pk.column)} = %s")
     params = [[f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
-              + [meta.pk.get_db_prep_value(row.pk, connection)] for row in rows]
+              + [pk.get_db_prep_value(row.pk, connection)] for row in rows]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
 
