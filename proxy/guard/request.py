@@ -8,11 +8,14 @@ tools, ``stream_options.include_usage``, the guard's ``RequestSpec``) exactly on
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, measure
 from proxy.guard.turn import RequestSpec
-from proxy.guard.validate import tool_declaration_problem
+from proxy.guard.validate import compile_schema, tool_declaration_problem
 
 
 class RequestInvalid(ValueError):
@@ -59,14 +62,50 @@ class ChatRequest:
         return bool(self.body.get("tools"))
 
 
-def prepare(body: dict[str, Any], raw: bytes | None = None) -> ChatRequest:
+def prepare(body: dict[str, Any], raw: bytes | None = None, bounds: SchemaBounds | None = None) -> ChatRequest:
     """Check ``body``'s tool declarations and build its ``ChatRequest``; ``RequestInvalid`` when a
-    declaration can never be satisfied (``proxy.guard.validate.tool_declaration_problem``)."""
+    declaration can never be satisfied (``proxy.guard.validate.tool_declaration_problem``) or a tool's
+    ``parameters`` schema is beyond ``bounds`` (``check_schemas``; default ``SchemaBounds()``)."""
+    bounds = bounds or SchemaBounds()
     spec = RequestSpec.from_openai(body)
     problem = tool_declaration_problem(spec)
     if problem is not None:
         raise RequestInvalid(problem[0], param=problem[1])
+    check_schemas(body, spec, bounds)
+    spec = dataclasses.replace(spec, inline_cost=bounds.inline_cost)
     return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested)
+
+
+def check_schemas(body: dict[str, Any], spec: RequestSpec, bounds: SchemaBounds) -> None:
+    """Measure every declared tool's ``parameters`` against ``bounds`` and compile it (into the schema
+    cache), before any upstream call. ``RequestInvalid`` (code ``tool_schema_too_complex``, ``param``
+    ``tools[i].function.parameters``) names the tool and the bound it exceeds. Linear in the schemas'
+    size (``proxy.guard.schema_bounds.measure``); validating a call is what can cost more, and that is
+    bounded by the inline budget and the validation pool."""
+    positions = {name: i for i, name in enumerate(_declared_names(body))}
+    for tool in spec.tools:
+        if tool.parameters is None:
+            continue
+        try:
+            text = json.dumps(tool.parameters, separators=(",", ":"), ensure_ascii=False, default=repr)
+            measure(tool.parameters, bounds, text=text)
+        except SchemaTooComplex as exc:
+            position = positions.get(tool.name, 0)
+            raise RequestInvalid(f"tool {tool.name[:100]!r}: its parameters schema is too complex to validate "
+                                 f"({exc.bound}: {exc.message})", param=f"tools[{position}].function.parameters",
+                                 code="tool_schema_too_complex") from None
+        except (ValueError, RecursionError):  # not serialisable: the validator reports it as unusable
+            continue
+        compile_schema(tool.parameters)
+
+
+def _declared_names(body: dict[str, Any]) -> list[str | None]:
+    """The function name of each entry of ``body["tools"]`` (None for one without), in order."""
+    names: list[str | None] = []
+    for tool in body.get("tools") or ():
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        names.append(fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None)
+    return names
 
 
 def check_chat_fields(data: dict[str, Any]) -> None:
