@@ -22,7 +22,9 @@ A ``$ref`` cycle that never descends into the instance (``{"anyOf":[{"$ref":"#"}
 and is refused (``refs``). A cycle through ``properties`` / ``items`` (a tree of nodes) is allowed,
 but its cost depends on how deep the model nests its arguments, so the schema is ``recursive``: its
 cost is infinite and it is always validated off the event loop. So are references this module
-cannot follow (a ``$ref`` to an ``$id`` or an anchor, ``$dynamicRef``, ``$recursiveRef``).
+cannot follow (a ``$ref`` to an ``$id`` or an anchor, ``$dynamicRef``, ``$recursiveRef``), and so are
+``unevaluatedItems`` / ``unevaluatedProperties`` (jsonschema evaluates them by validating the
+schema's other subschemas again). ``uniqueItems`` makes the estimate quadratic in the arguments.
 
 Keywords and their meaning: JSON Schema 2020-12 Core and Validation (json-schema.org/draft/2020-12),
 draft 7 ``items`` arrays, ``additionalItems``, ``definitions`` and ``dependencies``.
@@ -49,8 +51,9 @@ _SAME_MAP = ("dependentSchemas", "dependencies")
 COMBINATORS = ("anyOf", "oneOf", "allOf")
 #: Lists of subschemas applied to child values.
 _DESCEND_LIST = ("prefixItems",)
-#: References this module does not follow (they make a schema's cost unknown: validated off the loop).
-_OPAQUE_REFS = ("$dynamicRef", "$recursiveRef")
+#: Keywords that make a schema's cost unknown here (validated off the loop): references this module does
+#: not follow, and ``unevaluated*``, which jsonschema evaluates by validating the other subschemas again.
+_OPAQUE = ("$dynamicRef", "$recursiveRef", "unevaluatedItems", "unevaluatedProperties")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,8 @@ class SchemaBounds:
 class SchemaCost:
     """A measured schema: ``cost`` (expanded nodes; ``math.inf`` when ``recursive``), ``refs``
     (reachable ``$ref`` expansions), ``depth`` (deepest JSON nesting), ``nodes`` / ``size`` (JSON
-    values / bytes of compact JSON text), ``enum`` / ``branches`` (largest enum / combinator)."""
+    values / bytes of compact JSON text), ``enum`` / ``branches`` (largest enum / combinator);
+    ``quadratic``: it has ``uniqueItems`` (jsonschema compares unsortable items pairwise)."""
 
     cost: float
     refs: int
@@ -88,6 +92,13 @@ class SchemaCost:
     enum: int
     branches: int
     recursive: bool = False
+    quadratic: bool = False
+
+    def estimate(self, arguments: Any) -> float:
+        """An upper bound of the schema nodes one validation of ``arguments`` (parsed JSON) visits:
+        ``cost x nodes(arguments)``, squared in the nodes when ``quadratic``; ``inf`` when recursive."""
+        nodes = value_nodes(arguments)
+        return self.cost * nodes * (nodes if self.quadratic else 1)
 
 
 class SchemaTooComplex(ValueError):
@@ -130,7 +141,7 @@ def measure(schema: Any, bounds: SchemaBounds | None = None, *, text: str | None
             raise SchemaTooComplex("cost", f"the schema expands to {_count(cost)} nodes (nested combinators "
                                    f"and $ref multiply); the bound is {bounds.max_cost}")
     return SchemaCost(math.inf if walk.recursive else cost, refs, raw.depth, raw.nodes, size, raw.enum,
-                      raw.branches, walk.recursive)
+                      raw.branches, walk.recursive, walk.quadratic)
 
 
 def value_nodes(value: Any) -> int:
@@ -205,6 +216,7 @@ class _Expanded:
         self.memo: dict[int, tuple[float, int]] = {}
         self.stack: dict[int, int] = {}  # subschemas being walked -> descents when entered
         self.recursive = False
+        self.quadratic = False
 
     def node(self, schema: Any, descents: int, depth: int = 0) -> tuple[float, int]:
         """(cost, refs) of ``schema`` reached after ``descents`` instance descents, ``depth`` levels deep."""
@@ -244,8 +256,10 @@ class _Expanded:
             else:
                 c, r = self.node(target, descents, depth + 1)
                 cost, refs = cost + c, refs + r + 1
-        if any(k in schema for k in _OPAQUE_REFS):
+        if any(k in schema for k in _OPAQUE):
             self.recursive = True
+        if schema.get("uniqueItems") is True:
+            self.quadratic = True
         return cost, refs
 
     def _resolve(self, ref: str) -> Any | None:

@@ -29,7 +29,7 @@ from jsonschema.validators import validator_for
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
-from proxy.guard.schema_bounds import measure, value_nodes
+from proxy.guard.schema_bounds import SchemaCost, measure
 from proxy.guard.schema_regex import safe_class, strip_backtracking_keywords
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, Turn
 
@@ -201,7 +201,7 @@ class _Checker:
             value, paths = unwrap_double_encoded(value, validator.schema)
             for path in paths:
                 self.repaired(Repair.DOUBLE_ENCODED, f"unwrapped JSON string at {path}", choice, slot)
-        estimate = compiled.cost * value_nodes(value)
+        estimate = compiled.cost.estimate(value)
         if estimate > self.request.inline_cost:
             return self.offloaded(Offloaded(name, compiled.key, serialise_arguments(value), estimate), value,
                                   choice, slot)
@@ -292,12 +292,12 @@ DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 class CompiledSchema:
     """A client schema ready to validate with: ``key`` its canonical JSON text, ``validator`` (None when the
     schema is unusable, ``problem`` says why), ``cost`` its static cost (``schema_bounds.measure``;
-    ``inf`` for a recursive one) and ``weight``, its estimated memory in bytes."""
+    whose ``estimate(arguments)`` bounds a validation's work) and ``weight``, its estimated memory in bytes."""
 
     key: str
     validator: Validator | None
     problem: str
-    cost: float
+    cost: SchemaCost
 
     @property
     def weight(self) -> int:
@@ -332,6 +332,9 @@ def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
     return _compiled(_schema_key(schema))
 
 
+_UNKNOWN_COST = SchemaCost(float("inf"), 0, 0, 0, 0, 0, 0, recursive=True)
+
+
 def _compiled(key: str) -> CompiledSchema:
     """The cached ``CompiledSchema`` for the schema with canonical JSON text ``key`` (``_compile``)."""
     with _cache_lock:
@@ -356,9 +359,9 @@ def _compile(key: str) -> CompiledSchema:
     """
     schema = json.loads(key)
     try:
-        cost = measure(schema, text=key).cost
+        cost = measure(schema, text=key)
     except Exception:  # noqa: BLE001 -- e.g. a $ref cycle that never descends: validation cannot end
-        return CompiledSchema(key, None, "the schema's $ref never descend into the arguments", float("inf"))
+        return CompiledSchema(key, None, "a $ref cycle never descends into the arguments", _UNKNOWN_COST)
     problem = "$schema is not a URI string"
     for cls in _validator_classes(schema):
         try:
