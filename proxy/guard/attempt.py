@@ -5,7 +5,10 @@
 - ``feed(bytes)`` returns, in stream order, ``TextDelta`` (text safe to release, per choice and
   channel; leaked-markup prefixes held back), ``ToolCallValid`` (a call that is complete and valid
   before the end: a commit trigger), ``Finding`` and at most one ``Abort``.
-- ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``.
+- ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``; or, when
+  a tool call is over the inline validation budget (``RequestSpec.inline_cost``), with
+  ``Pending(checks)``: the caller gets their verdicts off the event loop (``proxy.schema_pool``),
+  ``supply``-es them and calls ``finish()`` again. Such a call is never a commit trigger.
 
 The guard releases every text delta as soon as it is safe; whether it reaches the client now, later
 or not at all (text streaming off, a retry after text was sent) is ``proxy.guard.delivery.Delivery``'s
