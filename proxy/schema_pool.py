@@ -11,6 +11,9 @@ stopped); its check gets an ``unfinished`` verdict, which the guard turns into a
 At most ``SCHEMA_POOL_WORKERS`` checks run at once, process-wide; a check waiting for a worker longer
 than its deadline is unfinished too, so a burst cannot queue work without bound.
 
+Schemas too large to check against their metaschema on the event loop (``ChatRequest.unchecked``) are
+checked here too, before any upstream call (``check_schemas``; past the deadline: a 400).
+
 Also here: ``schema_bounds()``, the ``SchemaBounds`` of the settings, and the byte bound of the
 compiled-schema cache (applied when the bounds are first read).
 """
@@ -19,19 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import multiprocessing
 import threading
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from pebble import ProcessPool
 
 from proxy.guard.attempt import AttemptGuard
 from proxy.guard.events import Done, Event, Pending
+from proxy.guard.request import ChatRequest, schema_refused
 from proxy.guard.schema_bounds import SchemaBounds
 from proxy.guard.turn import Decision
-from proxy.guard.validate import Offloaded, Verdict, configure_cache, offloaded_verdict
+from proxy.guard.validate import Offloaded, Verdict, compile_schema, configure_cache, offloaded_verdict, schema_check
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 _pool: ProcessPool | None = None
@@ -48,7 +56,8 @@ def schema_bounds() -> SchemaBounds:
             max_depth=settings.SCHEMA_MAX_DEPTH, max_bytes=settings.SCHEMA_MAX_BYTES,
             max_nodes=settings.SCHEMA_MAX_NODES, max_enum=settings.SCHEMA_MAX_ENUM,
             max_branches=settings.SCHEMA_MAX_BRANCHES, max_refs=settings.SCHEMA_MAX_REFS,
-            max_cost=settings.SCHEMA_MAX_COST, inline_cost=settings.SCHEMA_INLINE_COST)
+            max_cost=settings.SCHEMA_MAX_COST, inline_cost=settings.SCHEMA_INLINE_COST,
+            inline_check_nodes=settings.SCHEMA_INLINE_CHECK_NODES)
     return _bounds
 
 
@@ -81,26 +90,47 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-async def verdict(check: Offloaded) -> Verdict:
-    """The verdict of one check from a pool worker, within ``SCHEMA_VALIDATION_DEADLINE_SECONDS`` of
-    running (the worker is killed past it) and as long again of waiting for a worker: else
-    ``unfinished``. Never raises (except ``CancelledError``, after cancelling the check)."""
+async def _run(fn: Callable[..., T], *args: Any) -> T | str:
+    """``fn(*args)`` in a pool worker: its result, or why there is none (a phrase: "took longer than
+    2 s and was stopped", "could not run: ..."). Killed past
+    ``SCHEMA_VALIDATION_DEADLINE_SECONDS`` of running; given up past twice that of waiting for a
+    worker. Never raises (except ``CancelledError``, after cancelling the task)."""
     deadline = settings.SCHEMA_VALIDATION_DEADLINE_SECONDS
     try:
-        future = pool().schedule(offloaded_verdict, args=(check.schema, check.arguments), timeout=deadline)
-    except Exception as exc:  # noqa: BLE001 -- a pool that cannot start: no verdict, never a crash
-        return Verdict("unfinished", f"the validation pool is unavailable ({type(exc).__name__})")
+        future = pool().schedule(fn, args=args, timeout=deadline)
+    except Exception as exc:  # noqa: BLE001 -- a pool that cannot start: no result, never a crash
+        return f"could not run: the validation pool is unavailable ({type(exc).__name__})"
     try:
-        result = await asyncio.wait_for(asyncio.wrap_future(future), timeout=2 * deadline)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=2 * deadline)
     except (FutureTimeout, TimeoutError):
         future.cancel()  # type: ignore[no-untyped-call]  # queued: never runs; running: killed
-        return Verdict("unfinished", f"validation took longer than {deadline:g} s and was stopped")
+        return f"took longer than {deadline:g} s and was stopped"
     except asyncio.CancelledError:
         future.cancel()  # type: ignore[no-untyped-call]
         raise
     except Exception as exc:  # noqa: BLE001 -- the worker died (ProcessExpired) or could not run it
-        return Verdict("unfinished", f"the validation worker failed ({type(exc).__name__})")
-    return result if isinstance(result, Verdict) else Verdict("unfinished", "the validation worker answered nothing")
+        return f"could not run: the validation worker failed ({type(exc).__name__})"
+
+
+async def verdict(check: Offloaded) -> Verdict:
+    """The verdict of one check from a pool worker (``_run``'s bounds), ``unfinished`` without one."""
+    result = await _run(offloaded_verdict, check.schema, check.arguments)
+    if isinstance(result, Verdict):
+        return result
+    return Verdict("unfinished", f"validation {result}" if isinstance(result, str) else "validation gave no verdict")
+
+
+async def check_schemas(request: ChatRequest) -> None:
+    """Check the request's schemas too large to check on the event loop (``ChatRequest.unchecked``)
+    against their metaschemas in the pool, at once, and compile them into this process's cache;
+    ``RequestInvalid`` (the ``check`` bound) for a schema whose check did not finish in time."""
+    if not request.unchecked:
+        return
+    results = await asyncio.gather(*(_run(schema_check, key) for _, _, key in request.unchecked))
+    for (name, position, key), result in zip(request.unchecked, results, strict=True):
+        if not isinstance(result, tuple):
+            raise schema_refused(name, position, "check", f"checking it against its metaschema {result}")
+        compile_schema(json.loads(key), result)
 
 
 async def verdicts(checks: tuple[Offloaded, ...]) -> dict[tuple[str, str], Verdict]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, measure
-from proxy.guard.turn import RequestSpec
-from proxy.guard.validate import compile_schema, tool_declaration_problem
+from proxy.guard.turn import RequestSpec, ToolSpec
+from proxy.guard.validate import cached_schema, compile_schema, schema_key, tool_declaration_problem
 
 
 class RequestInvalid(ValueError):
@@ -38,13 +38,16 @@ class ChatRequest:
     ``body`` is the request (``model`` = the client's public model name; the upstream client maps it);
     ``raw`` the client's exact bytes when it spoke OpenAI Chat (sent upstream unchanged when nothing
     needs rewriting, so a pass-through stays byte-identical both ways), else None; ``spec`` what the
-    guard validates against; ``include_usage``: the client asked for a usage chunk.
+    guard validates against; ``include_usage``: the client asked for a usage chunk; ``unchecked``: the
+    ``(tool name, position in tools, schema key)`` of declared schemas too large to check against their
+    metaschema on the event loop (``proxy.schema_pool.check_schemas`` checks them before any upstream call).
     """
 
     body: dict[str, Any]
     spec: RequestSpec
     raw: bytes | None = None
     include_usage: bool = False
+    unchecked: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def model(self) -> str:
@@ -71,32 +74,46 @@ def prepare(body: dict[str, Any], raw: bytes | None = None, bounds: SchemaBounds
     problem = tool_declaration_problem(spec)
     if problem is not None:
         raise RequestInvalid(problem[0], param=problem[1])
-    check_schemas(body, spec, bounds)
-    spec = dataclasses.replace(spec, inline_cost=bounds.inline_cost)
-    return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested)
+    unchecked = check_schemas(body, spec, bounds)
+    spec = dataclasses.replace(spec, inline_cost=bounds.inline_cost, inline_check_nodes=bounds.inline_check_nodes)
+    return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested, unchecked=unchecked)
 
 
-def check_schemas(body: dict[str, Any], spec: RequestSpec, bounds: SchemaBounds) -> None:
+def check_schemas(body: dict[str, Any], spec: RequestSpec,
+                  bounds: SchemaBounds) -> tuple[tuple[str, int, str], ...]:
     """Measure every declared tool's ``parameters`` against ``bounds`` and compile it (into the schema
-    cache), before any upstream call. ``RequestInvalid`` (code ``tool_schema_too_complex``, ``param``
-    ``tools[i].function.parameters``) names the tool and the bound it exceeds. Linear in the schemas'
-    size (``proxy.guard.schema_bounds.measure``); validating a call is what can cost more, and that is
-    bounded by the inline budget and the validation pool."""
+    cache), before any upstream call; return the ``(name, position, schema key)`` of the schemas left to check in
+    the validation pool (not cached, and more than ``bounds.inline_check_nodes`` JSON values together).
+
+    ``RequestInvalid`` (code ``tool_schema_too_complex``, ``param`` ``tools[i].function.parameters``)
+    names the tool and the bound it exceeds. Linear in the schemas' size
+    (``proxy.guard.schema_bounds.measure``); the metaschema check of the schemas compiled here is bounded
+    by ``inline_check_nodes``, and validating a call by the inline budget and the validation pool."""
     positions = {name: i for i, name in enumerate(_declared_names(body))}
+    fresh: list[tuple[ToolSpec, int]] = []
     for tool in spec.tools:
-        if tool.parameters is None:
+        if tool.parameters is None or cached_schema(tool.parameters) is not None:
             continue
         try:
             text = json.dumps(tool.parameters, separators=(",", ":"), ensure_ascii=False, default=repr)
-            measure(tool.parameters, bounds, text=text)
+            measured = measure(tool.parameters, bounds, text=text)
         except SchemaTooComplex as exc:
-            position = positions.get(tool.name, 0)
-            raise RequestInvalid(f"tool {tool.name[:100]!r}: its parameters schema is too complex to validate "
-                                 f"({exc.bound}: {exc.message})", param=f"tools[{position}].function.parameters",
-                                 code="tool_schema_too_complex") from None
+            raise schema_refused(tool.name, positions.get(tool.name, 0), exc.bound, exc.message) from None
         except (ValueError, RecursionError):  # not serialisable: the validator reports it as unusable
             continue
-        compile_schema(tool.parameters)
+        fresh.append((tool, measured.nodes))
+    if sum(nodes for _, nodes in fresh) <= bounds.inline_check_nodes:
+        for tool, _ in fresh:
+            compile_schema(tool.parameters or {})
+        return ()
+    return tuple((tool.name, positions.get(tool.name, 0), schema_key(tool.parameters or {})) for tool, _ in fresh)
+
+
+def schema_refused(name: str, position: int, bound: str, message: str) -> RequestInvalid:
+    """The 400 for tool ``name`` (at ``tools[position]``) whose schema is past ``bound`` (``message``)."""
+    return RequestInvalid(f"tool {name[:100]!r}: its parameters schema is too complex to validate "
+                          f"({bound}: {message})", param=f"tools[{position}].function.parameters",
+                          code="tool_schema_too_complex")
 
 
 def _declared_names(body: dict[str, Any]) -> list[str | None]:

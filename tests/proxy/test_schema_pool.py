@@ -13,12 +13,12 @@ import pytest
 
 from proxy import schema_pool
 from proxy.guard.attempt import AttemptGuard
-from proxy.guard.events import Done
+from proxy.guard.events import Done, Pending
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy
-from proxy.guard.request import prepare
+from proxy.guard.request import RequestInvalid, prepare
 from proxy.guard.schema_bounds import SchemaBounds
-from proxy.guard.validate import Offloaded, _schema_key
+from proxy.guard.validate import DEFAULT_CACHE_BYTES, Offloaded, _schema_key, cached_schema, configure_cache
 from tests.proxy.guard.test_schema_bounds import body, hostile, sse
 
 #: Every branch of every level fails: validation explores all 2^15 paths (seconds, issue 15).
@@ -90,3 +90,48 @@ async def test_the_guarded_path_delivers_a_costly_valid_call() -> None:
     guard.feed(sse("t0", json.dumps({"x": "fine"})))
     done = (await schema_pool.finish(guard))[-1]
     assert isinstance(done, Done) and done.decision.usable
+
+
+def big(properties: int, **extra: Any) -> dict[str, Any]:
+    """A plain but large schema: ``properties`` string properties (2020-12 unless ``$schema`` says)."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(properties)}, **extra}
+
+
+async def test_a_large_new_schema_is_checked_in_the_pool_then_cached() -> None:
+    schema = big(1_000, **{"$schema": "http://json-schema.org/draft-07/schema#"})
+    request = prepare(body(schema))
+    assert [(name, position) for name, position, _ in request.unchecked] == [("t0", 0)]
+    assert cached_schema(schema) is None  # nothing compiled on the event loop
+    await schema_pool.check_schemas(request)
+    compiled = cached_schema(schema)
+    assert compiled is not None and compiled.validator is not None
+    assert prepare(body(schema)).unchecked == ()  # cached now: nothing left to check
+
+
+async def test_a_schema_check_past_the_deadline_is_a_400_naming_the_check() -> None:
+    request = prepare(body({"type": "object"}, big(4_900)))  # 9,801 values, ~0.4 ms each against 2020-12's metaschema
+    stop = asyncio.Event()
+    probe = asyncio.create_task(_probe(stop))
+    with pytest.raises(RequestInvalid) as caught:
+        await schema_pool.check_schemas(request)
+    stop.set()
+    assert caught.value.param == "tools[1].function.parameters" and caught.value.code == "tool_schema_too_complex"
+    assert "(check: checking it against its metaschema took longer than 0.5 s" in caught.value.message
+    assert await probe < 0.25
+
+
+async def test_an_evicted_large_schema_is_validated_in_the_pool_not_compiled_inline() -> None:
+    schema = big(1_000, **{"$schema": "http://json-schema.org/draft-07/schema#"})
+    request = prepare(body(schema))
+    await schema_pool.check_schemas(request)
+    configure_cache(DEFAULT_CACHE_BYTES)  # evicted (another request's schemas, a small cache)
+    guard = AttemptGuard(request.spec, GuardPolicy())
+    guard.feed(sse("t0", json.dumps({"p1": 5})))
+    final = guard.finish()
+    assert isinstance(final[-1], Pending) and final[-1].checks[0].estimate == float("inf")
+    assert cached_schema(schema) is None
+    guard2 = AttemptGuard(request.spec, GuardPolicy())
+    guard2.feed(sse("t0", json.dumps({"p1": 5})))
+    done = (await schema_pool.finish(guard2))[-1]
+    assert isinstance(done, Done) and not done.decision.usable
+    assert [f.kind for f in done.decision.findings if f.fatal] == [FindingKind.SCHEMA_VIOLATION]
