@@ -66,14 +66,24 @@ def _worker_start(cache_bytes: int) -> None:
     configure_cache(cache_bytes)
 
 
+def _noop() -> None:
+    """A task that makes the pool start its workers."""
+
+
 def pool() -> ProcessPool:
-    """The process-wide validation pool, started on first use (``SCHEMA_POOL_WORKERS`` processes)."""
+    """The process-wide validation pool, started on first use (``SCHEMA_POOL_WORKERS`` processes).
+
+    Blocking the first time (the fork server and the workers start, ~0.5 s): call it from a thread
+    (``_run`` does). Workers fork from a server that has imported the validator, so a killed worker's
+    replacement starts in milliseconds."""
     global _pool
     with _lock:
         if _pool is None or not _pool.active:
             context: Any = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["proxy.guard.validate"])
             _pool = ProcessPool(max_workers=settings.SCHEMA_POOL_WORKERS, context=context,
                                 initializer=_worker_start, initargs=(settings.SCHEMA_CACHE_BYTES,))
+            _pool.schedule(_noop)  # starts the workers here, not on the caller's next schedule
         return _pool
 
 
@@ -97,7 +107,8 @@ async def _run(fn: Callable[..., T], *args: Any) -> T | str:
     worker. Never raises (except ``CancelledError``, after cancelling the task)."""
     deadline = settings.SCHEMA_VALIDATION_DEADLINE_SECONDS
     try:
-        future = pool().schedule(fn, args=args, timeout=deadline)
+        running = _pool if _pool is not None and _pool.active else await asyncio.to_thread(pool)
+        future = running.schedule(fn, args=args, timeout=deadline)
     except Exception as exc:  # noqa: BLE001 -- a pool that cannot start: no result, never a crash
         return f"could not run: the validation pool is unavailable ({type(exc).__name__})"
     try:

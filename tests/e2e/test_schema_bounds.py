@@ -95,6 +95,8 @@ def test_the_hostile_schema_gets_a_400_at_once_and_the_probe_never_waits(proxy_s
     assert error["param"] == "tools[0].function.parameters" and error["code"] == "tool_schema_too_complex"
     assert "'lookup'" in error["message"] and "(refs: validation can expand 65535 $ref" in error["message"]
     assert took < 10 * 2.0  # each 400 is immediate (the review: 10.8 s per validation)
+    print(f"/healthz: {probe.count} probes, slowest {probe.worst:.3f} s (baseline {baseline:.3f} s); "  # noqa: T201
+          f"10 refusals in {took:.2f} s")
     assert probe.count > 5 and probe.worst < max(PROBE_BOUND, baseline * 3)
 
 
@@ -148,10 +150,39 @@ def test_a_validation_past_its_deadline_is_killed_retried_and_recorded(lenient: 
         took = time.monotonic() - started
     assert "3 attempt(s) failed" in text and "lookup: arguments not validated (validation took longer than 0.5 s" \
         in text
+    print(f"three killed validations in {took:.2f} s")  # noqa: T201
     assert took < 3 * (0.5 * 2 + 2) + 5  # three attempts, each bounded by the deadline
+    print(f"/healthz: {probe.count} probes, slowest {probe.worst:.3f} s")  # noqa: T201 -- shown with -s
     assert probe.count > 5 and probe.worst < PROBE_BOUND
     row = audit_rows(request_id)
     assert row.attempts == 3 and row.outcome != "clean"
     with django_db_blocker.unblock():
         kinds = set(Finding.objects.filter(request_id=request_id).values_list("kind", flat=True))
     assert "schema-validation-unfinished" in kinds
+
+
+def _big(properties: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(properties)}, **extra}
+
+
+def test_a_large_new_schema_is_checked_off_the_loop_and_served(make_tenant: Any) -> None:
+    schema = _big(1_500, **{"$schema": "http://json-schema.org/draft-07/schema#", "required": ["p0"]})
+    tenant = make_tenant()
+    with _client(tenant.base_url, tenant.api_key) as client, client.chat.completions.stream(
+            model="gen:calls=1", messages=_messages(), tools=_tools(schema)) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "lookup" and "p0" in json.loads(call.function.arguments)
+
+
+def test_a_schema_too_slow_to_check_gets_a_400_and_the_probe_never_waits(lenient: ProxyServer,
+                                                                          make_tenant: Any) -> None:
+    tenant = make_tenant()
+    with Probe(lenient.url) as probe, _client(lenient.v1, tenant.api_key) as client:
+        time.sleep(0.3)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="gen:calls=1", messages=_messages(),  # type: ignore[call-overload]
+                                           tools=_tools(_big(4_900)))  # 2020-12's metaschema: seconds
+    assert "(check: checking it against its metaschema took longer than 0.5 s" in caught.value.message
+    print(f"/healthz: {probe.count} probes, slowest {probe.worst:.3f} s")  # noqa: T201 -- shown with -s
+    assert probe.count > 5 and probe.worst < PROBE_BOUND
