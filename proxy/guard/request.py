@@ -9,11 +9,10 @@ tools, ``stream_options.include_usage``, the guard's ``RequestSpec``) exactly on
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, measure
+from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure
 from proxy.guard.turn import RequestSpec, ToolSpec
 from proxy.guard.validate import cached_schema, compile_schema, schema_key, tool_declaration_problem
 
@@ -83,7 +82,8 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
                   bounds: SchemaBounds) -> tuple[tuple[str, int, str], ...]:
     """Measure every declared tool's ``parameters`` against ``bounds`` and compile it (into the schema
     cache), before any upstream call; return the ``(name, position, schema key)`` of the schemas left to check in
-    the validation pool (not cached, and more than ``bounds.inline_check_nodes`` JSON values together).
+    the validation pool (not cached, and past ``bounds.inline_check_nodes`` JSON values together,
+    counted from the smallest schema up).
 
     ``RequestInvalid`` (code ``tool_schema_too_complex``, ``param`` ``tools[i].function.parameters``)
     names the tool and the bound it exceeds. Linear in the schemas' size
@@ -92,21 +92,30 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
     positions = {name: i for i, name in enumerate(_declared_names(body))}
     fresh: list[tuple[ToolSpec, int]] = []
     for tool in spec.tools:
-        if tool.parameters is None or cached_schema(tool.parameters) is not None:
+        if tool.parameters is None:
+            continue
+        cached = cached_schema(tool.parameters)
+        if cached is not None and cached.validator is not None:  # measured when compiled: its figures suffice
+            over = exceeded(cached.cost, bounds)
+            if over is not None:
+                raise schema_refused(tool.name, positions.get(tool.name, 0), over.bound, over.message)
             continue
         try:
-            text = json.dumps(tool.parameters, separators=(",", ":"), ensure_ascii=False, default=repr)
-            measured = measure(tool.parameters, bounds, text=text)
+            measured = measure(tool.parameters, bounds)
         except SchemaTooComplex as exc:
             raise schema_refused(tool.name, positions.get(tool.name, 0), exc.bound, exc.message) from None
         except (ValueError, RecursionError):  # not serialisable: the validator reports it as unusable
             continue
         fresh.append((tool, measured.nodes))
-    if sum(nodes for _, nodes in fresh) <= bounds.inline_check_nodes:
-        for tool, _ in fresh:
+    left: list[tuple[str, int, str]] = []
+    budget = bounds.inline_check_nodes
+    for tool, nodes in sorted(fresh, key=lambda item: item[1]):  # the smallest first, while they fit
+        if nodes <= budget:
+            budget -= nodes
             compile_schema(tool.parameters or {})
-        return ()
-    return tuple((tool.name, positions.get(tool.name, 0), schema_key(tool.parameters or {})) for tool, _ in fresh)
+        else:
+            left.append((tool.name, positions.get(tool.name, 0), schema_key(tool.parameters or {})))
+    return tuple(left)
 
 
 def schema_refused(name: str, position: int, bound: str, message: str) -> RequestInvalid:

@@ -86,7 +86,8 @@ class SchemaCost:
     """A measured schema: ``cost`` (expanded nodes; ``math.inf`` when ``recursive``), ``refs``
     (reachable ``$ref`` expansions), ``depth`` (deepest JSON nesting), ``nodes`` / ``size`` (JSON
     values / bytes of compact JSON text), ``enum`` / ``branches`` (largest enum / combinator);
-    ``quadratic``: it has ``uniqueItems`` (jsonschema compares unsortable items pairwise)."""
+    ``quadratic``: it has ``uniqueItems`` (jsonschema compares unsortable items pairwise); ``deepest``:
+    the deepest subschema reached with ``$ref`` expanded."""
 
     cost: float
     refs: int
@@ -97,6 +98,7 @@ class SchemaCost:
     branches: int
     recursive: bool = False
     quadratic: bool = False
+    deepest: int = 0
 
     def estimate(self, arguments: Any) -> float:
         """An upper bound of the schema nodes one validation of ``arguments`` (parsed JSON) visits:
@@ -124,7 +126,9 @@ def measure(schema: Any, bounds: SchemaBounds | None = None, *, text: str | None
     the schema, whatever its expanded cost (expansions are counted, never walked twice).
     """
     raw = _raw(schema, bounds)
-    size = len(text) if text is not None else len(json.dumps(schema, separators=(",", ":"), default=repr))
+    if text is None:
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, default=repr)
+    size = len(text.encode("utf-8", errors="replace"))
     if bounds is not None and size > bounds.max_bytes:
         raise SchemaTooComplex("bytes", f"the schema is {size} bytes; the bound is {bounds.max_bytes}")
     walk = _Expanded(schema, bounds)
@@ -145,7 +149,30 @@ def measure(schema: Any, bounds: SchemaBounds | None = None, *, text: str | None
             raise SchemaTooComplex("cost", f"the schema expands to {_count(cost)} nodes (nested combinators "
                                    f"and $ref multiply); the bound is {bounds.max_cost}")
     return SchemaCost(math.inf if walk.recursive else cost, refs, raw.depth, raw.nodes, size, raw.enum,
-                      raw.branches, walk.recursive, walk.quadratic)
+                      raw.branches, walk.recursive, walk.quadratic, walk.deepest)
+
+
+def exceeded(measured: SchemaCost, bounds: SchemaBounds) -> SchemaTooComplex | None:
+    """The first bound a schema measured earlier (``measure``, maybe under other bounds) exceeds, or
+    None: what ``measure(schema, bounds)`` would raise, without walking the schema again."""
+    checks = (
+        ("depth", measured.depth > bounds.max_depth, f"the schema nests deeper than {bounds.max_depth} levels"),
+        ("nodes", measured.nodes > bounds.max_nodes, f"the schema has more than {bounds.max_nodes} JSON values"),
+        ("enum", measured.enum > bounds.max_enum, f"an enum has {measured.enum} entries; the bound is "
+                                                  f"{bounds.max_enum}"),
+        ("branches", measured.branches > bounds.max_branches, f"a combinator has {measured.branches} branches; "
+                                                              f"the bound is {bounds.max_branches}"),
+        ("bytes", measured.size > bounds.max_bytes, f"the schema is {measured.size} bytes; the bound is "
+                                                    f"{bounds.max_bytes}"),
+        ("depth", measured.deepest > 2 * bounds.max_depth, f"the schema nests deeper than {2 * bounds.max_depth} "
+                                                           "subschemas with its $ref expanded"),
+        ("refs", measured.refs > bounds.max_refs, f"validation can expand {_count(measured.refs)} $ref; the bound "
+                                                  f"is {bounds.max_refs}"),
+        ("cost", not measured.recursive and measured.cost > bounds.max_cost,
+         f"the schema expands to {_count(measured.cost)} nodes (nested combinators and $ref multiply); the "
+         f"bound is {bounds.max_cost}"),
+    )
+    return next((SchemaTooComplex(bound, message) for bound, over, message in checks if over), None)
 
 
 def value_nodes(value: Any) -> int:
@@ -162,7 +189,9 @@ def value_nodes(value: Any) -> int:
 
 
 def _count(n: float) -> str:
-    """A count for a message: exact below a million, else its order of magnitude."""
+    """A count for a message: exact below a million, else its order of magnitude ("unknown": infinite)."""
+    if math.isinf(n):
+        return "unknown"
     return str(int(n)) if n < 1_000_000 else f"~1e{int(math.log10(n))}"
 
 
@@ -221,6 +250,7 @@ class _Expanded:
         self.stack: dict[int, int] = {}  # subschemas being walked -> descents when entered
         self.recursive = False
         self.quadratic = False
+        self.deepest = 0
 
     def node(self, schema: Any, descents: int, depth: int = 0) -> tuple[float, int]:
         """(cost, refs) of ``schema`` reached after ``descents`` instance descents, ``depth`` levels deep."""
@@ -228,6 +258,7 @@ class _Expanded:
             return 1, 0  # true / false / a broken subschema (check_schema reports it)
         if depth > self.limit:
             raise _TooDeep
+        self.deepest = max(self.deepest, depth)
         key = id(schema)
         if key in self.memo:
             return self.memo[key]

@@ -275,8 +275,8 @@ class _Checker:
 
 
 def _schema_key(schema: dict[str, Any]) -> str:
-    """A cache key for a schema: its canonical JSON text."""
-    return json.dumps(schema, sort_keys=True, default=repr)
+    """A cache key for a schema: its canonical JSON text (sorted keys, compact, not ASCII-escaped)."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
 
 
 #: Memory of a compiled schema per byte of its canonical JSON text: the validator (measured with

@@ -19,7 +19,7 @@ from proxy.guard.events import Done, Pending, ToolCallValid
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.request import RequestInvalid, prepare
-from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, measure, value_nodes
+from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure, value_nodes
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn
 from proxy.guard.validate import Verdict, check_turn, configure_cache, offloaded_verdict
 
@@ -267,3 +267,31 @@ def test_within_bounds_the_estimate_bounds_the_work(schema: dict[str, Any], valu
     else:
         assert 1 + visits[0] <= measured.estimate(value)
         assert value_nodes(value) >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(schema=_schema, max_cost=st.integers(1, 400), max_refs=st.integers(0, 60), max_depth=st.integers(3, 12))
+def test_figures_of_a_cached_schema_refuse_exactly_what_a_new_walk_refuses(schema: dict[str, Any], max_cost: int,
+                                                                         max_refs: int, max_depth: int) -> None:
+    """A cached schema is not walked again: its stored figures (``exceeded``) must refuse it under the same
+    bounds exactly when ``measure`` would."""
+    bounds = SchemaBounds(max_cost=max_cost, max_refs=max_refs, max_depth=max_depth, max_branches=3)
+    try:
+        figures = measure(schema, None)
+    except SchemaTooComplex:
+        return  # a $ref cycle that never descends: refused by every measure, never compiled
+    try:
+        measure(schema, bounds)
+        refused = None
+    except SchemaTooComplex as exc:
+        refused = exc.bound
+    over = exceeded(figures, bounds)
+    assert (over is None) == (refused is None), (refused, over and over.bound)
+
+
+def test_a_schema_cached_under_other_bounds_is_still_refused() -> None:
+    schema = hostile(9)
+    prepare(body(schema), bounds=SchemaBounds(max_refs=10**6))  # compiled and cached under lenient bounds
+    assert validate.cached_schema(schema) is not None
+    with pytest.raises(RequestInvalid, match=r"\(refs: validation can expand 1023 \$ref; the bound is 1000\)"):
+        prepare(body(schema))
