@@ -97,9 +97,9 @@ SCHEMA_MAX_COST = envint("SCHEMA_MAX_COST", 20_000)
 #: A call whose estimate (static cost x JSON values of its arguments) is at most this is validated on the
 #: event loop (~30 ms at worst); above it, in the validation pool. Recursive schemas always go there.
 SCHEMA_INLINE_COST = envfloat("SCHEMA_INLINE_COST", 2_000.0)
-#: New tool schemas of one request with more JSON values than this together are checked against their
-#: metaschema in the validation pool, not on the event loop (~0.05 ms per value for draft 7, ~0.4 ms for
-#: 2020-12); past the deadline there, the request gets a 400 (bound "check").
+#: New tool schemas of one request are checked against their metaschema on the event loop up to this many
+#: JSON values together, smallest first (~0.05 ms per value for draft 7, ~0.4 ms for 2020-12); the rest in
+#: the validation pool, where past the deadline the request gets a 400 (bound "check").
 SCHEMA_INLINE_CHECK_NODES = envint("SCHEMA_INLINE_CHECK_NODES", 300)
 #: The validation pool: worker processes (forkserver), and the time one validation may take (seconds)
 #: before its worker is killed; the call then counts as invalid (finding schema-validation-unfinished).
