@@ -154,14 +154,21 @@ async def finish(guard: AttemptGuard) -> list[Event]:
     """``guard.finish()``'s events, ending with ``Done``: ``Pending`` checks are run in the pool (the
     ``Pending`` events themselves are not returned)."""
     events: list[Event] = []
-    while True:
+    for round_ in range(3):
         final = guard.finish()
         last = final[-1]
         events.extend(final[:-1])
         if not isinstance(last, Pending):
             events.append(last)
             return events
-        guard.supply(await verdicts(last.checks))
+        if round_ < 2:
+            guard.supply(await verdicts(last.checks))
+        else:  # the same checks asked again: never loop, the calls count as unvalidated
+            guard.supply({(c.schema, c.arguments): Verdict("unfinished", "validation gave no verdict")
+                          for c in last.checks})
+    final = guard.finish()
+    events.extend(e for e in final if not isinstance(e, Pending))
+    return events
 
 
 async def decision(guard: AttemptGuard | Decision) -> Decision:
