@@ -25,6 +25,7 @@ from channels.exceptions import StopConsumer
 from django.conf import settings
 
 from proxy import not_found as unknown_path
+from proxy import schema_pool
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
@@ -200,6 +201,7 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     data = parse_json_object(body)
     dialect = consumer.dialect
     prepared = dialect.prepare(data, body)
+    await schema_pool.check_schemas(prepared.request)  # large new tool schemas: checked off the event loop
     model = prepared.request.model
     plan = principal.resolve(model)
     if plan is None:
