@@ -77,6 +77,9 @@ UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
 UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
+#: Most upstream body bytes one guarded attempt may bring (the guard holds its calls until they are checked):
+#: past it the attempt is broken and retried (finding upstream-body-too-large), never unbounded memory.
+MAX_ATTEMPT_BYTES = envint("MAX_ATTEMPT_BYTES", 32 * 1024 * 1024)
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 #: The audit journal (audit/journal.py): one file per process in JOURNAL_DIR (a volume shared by the

@@ -24,6 +24,7 @@ from typing import Any
 from proxy.guard.choice import ChoiceAccumulator
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.findings import Action, Finding, FindingKind, Where
+from proxy.guard.integrity import has_surrogate_escape, inspect_chunk
 from proxy.guard.notes import AccItem, Notes
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.repair import resolve_name
@@ -79,7 +80,7 @@ class Accumulator:
         if ev.error is not None:
             self._error_field(ev.error)
         elif ev.has_data:
-            self._data(ev.data, ev.event)
+            self._data(ev.data, ev.event, ev.invalid_utf8)
         return self.notes.take()
 
     def _sse_notes(self, ev: SSEEvent) -> None:
@@ -96,7 +97,7 @@ class Accumulator:
         obj = value if parsed is NOT_JSON else parsed
         self._upstream_error(K.NONSTANDARD_SSE_ERROR_FIELD, obj, "error: SSE field")
 
-    def _data(self, data: str, event: str) -> None:
+    def _data(self, data: str, event: str, invalid_utf8: bool = False) -> None:
         stripped = data.strip()
         if stripped.startswith("[DONE]"):
             self.done = True
@@ -105,12 +106,23 @@ class Accumulator:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "empty data frame ignored")
             return
         obj = loads_lenient(data)
+        if isinstance(obj, dict):
+            self._integrity(obj, invalid_utf8, has_surrogate_escape(data))
+        elif invalid_utf8:
+            self.notes.note(K.INVALID_UTF8_IN_FRAME, Action.RETRY, "a frame with bytes that are not UTF-8",
+                            once=False)
         if obj is NOT_JSON:
             self._unparseable(data)
         elif event == "error" and isinstance(obj, dict) and "error" not in obj:
             self._upstream_error(K.MID_STREAM_ERROR_CHUNK, obj, "event: error frame")
         else:
             self._chunk(obj)
+
+    def _integrity(self, obj: dict[str, Any], invalid_utf8: bool, escapes: bool) -> None:
+        """Bytes the protocol does not allow (``proxy.guard.integrity``): findings, fatal where they
+        touch a tool call; lone surrogates in text replaced in ``obj``."""
+        for p in inspect_chunk(obj, invalid_utf8=invalid_utf8, escapes=escapes):
+            self.notes.note(p.kind, p.action, p.detail, once=not p.touches_call)
 
     def _unparseable(self, data: str) -> None:
         """C45: a frame that is not JSON (fused with the next one when ``data:`` appears inline)."""
@@ -127,9 +139,12 @@ class Accumulator:
         action = Action.RETRY if error.retryable else Action.ERROR
         self.notes.note(kind, action, f"upstream error in {where}: {error.message[:300]}", once=False)
 
-    def feed_chunk(self, obj: Any, where: Where | None = None) -> list[AccItem]:
-        """Absorb one parsed chunk (a ``chat.completion.chunk`` dict, PROTOCOLS.md 1.3)."""
+    def feed_chunk(self, obj: Any, where: Where | None = None, *, invalid_utf8: bool = False) -> list[AccItem]:
+        """Absorb one parsed chunk (a ``chat.completion.chunk`` dict, PROTOCOLS.md 1.3); ``invalid_utf8``:
+        its text had bytes that are not UTF-8 (decoded as U+FFFD)."""
         self.notes.where = where or Where()
+        if isinstance(obj, dict):
+            self._integrity(obj, invalid_utf8, has_surrogate_escape(self.notes.where.raw))
         self._chunk(obj)
         return self.notes.take()
 
@@ -184,8 +199,30 @@ class Accumulator:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
 
     def _choice(self, c: dict[str, Any]) -> None:
-        idx = c.get("index")
-        self._choice_for(idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0).feed(c)
+        idx = self._index(c.get("index"))
+        if idx >= max(self.request.n, 1):
+            self._unrequested(idx, c)
+            return
+        self._choice_for(idx).feed(c)
+
+    def _index(self, idx: Any) -> int:
+        """A choice index: an int; a numeric string normalised (a type variant); else 0 (absent index)."""
+        if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0:
+            return idx
+        if isinstance(idx, str) and idx.isascii() and idx.isdigit() and len(idx) < 6:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, f"choice index sent as the string {idx!r}")
+            return int(idx)
+        return 0
+
+    def _unrequested(self, idx: int, c: dict[str, Any]) -> None:
+        """A choice the request did not ask for (index >= n): never delivered as another choice, never
+        folded into one; retried when it carries anything (text, a tool call, a finish reason)."""
+        delta = c.get("delta") if isinstance(c.get("delta"), dict) else c.get("message")
+        payload = (isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values())) \
+            or ident(c.get("finish_reason")) is not None
+        action = Action.RETRY if payload else Action.IGNORED
+        self.notes.note(K.UNREQUESTED_CHOICE_INDEX, action,
+                        f"choice index {idx} on a request for n={self.request.n}", once=not payload)
 
     def _choice_for(self, index: int) -> ChoiceAccumulator:
         ch = self.choices.get(index)

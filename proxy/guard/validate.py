@@ -25,6 +25,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.integrity import has_lone_surrogate
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
 from proxy.guard.schema_regex import safe_class, strip_backtracking_keywords
@@ -88,7 +89,11 @@ class _Checker:
         value = self.schema_check(name, parsed.value, choice.index, slot)
         if value is None:
             return call
-        return ToolCall(call.id, name, serialise_arguments(value), dict(call.extra))
+        text = serialise_arguments(value)
+        if has_lone_surrogate(text):  # a \ud800 escape inside the argument JSON: not text a client can encode
+            self.fatal(FindingKind.LONE_SURROGATE, "a lone surrogate in the tool arguments", choice.index, slot)
+            return call
+        return ToolCall(call.id, name, text, dict(call.extra))
 
     def one_call_only(self, choice: ChoiceTurn) -> list[ToolCall]:
         """With ``parallel_tool_calls: false`` and the repair allowed, only the first call (or the first
