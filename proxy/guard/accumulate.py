@@ -32,6 +32,7 @@ from proxy.guard.resolve import ChoiceResolver
 from proxy.guard.slots import NOT_JSON, SlotClosed, ident, loads_lenient, resolve_slot_name
 from proxy.guard.sse import SSEEvent
 from proxy.guard.turn import RequestSpec, ToolCall, Turn, UpstreamError
+from proxy.guard.validate import arguments_accepted
 
 K = FindingKind
 
@@ -241,7 +242,11 @@ class Accumulator:
         return self.notes.take()
 
     def _resolver(self) -> ChoiceResolver:
-        return ChoiceResolver(self.names, self.policy, self.notes, terminated=self.done or not self.stream)
+        return ChoiceResolver(self.names, self.policy, self.notes, terminated=self.done or not self.stream,
+                              accepts=self._accepts, parallel=self.request.parallel_tool_calls)
+
+    def _accepts(self, name: str, value: dict[str, Any]) -> bool:
+        return arguments_accepted(self.request, self.policy, name, value)
 
     def closed_call(self, choice: int, position: int) -> tuple[ToolCall, list[AccItem]]:
         """The call of a closed slot as it stands (id minted now if missing, C08) and new findings."""

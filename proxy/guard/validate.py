@@ -196,6 +196,28 @@ class _Checker:
         self.findings.append(Finding(kind, Severity.ERROR, Action.RETRY, detail[:_DETAIL_CAP], choice, slot))
 
 
+def arguments_accepted(request: RequestSpec, policy: GuardPolicy, name: str, value: dict[str, Any]) -> bool:
+    """True when ``value`` (parsed arguments) is valid for tool ``name`` as ``check_turn`` would judge it:
+    the name resolves to a declared tool (policy repairs allowed) and the schema accepts the value after
+    the allowed C20 unwrapping. A tool without a usable schema accepts any object, and so does a schema
+    that fails at validation time (``check_turn`` reports it). Never raises."""
+    resolved = resolve_name(name, request.names, policy)
+    if resolved is None:
+        return False
+    spec = next((t for t in request.tools if t.name == resolved), None)
+    if spec is None or spec.parameters is None:
+        return True
+    compiled = _compiled(_schema_key(spec.parameters))
+    if isinstance(compiled, str):
+        return True
+    if policy.allows(Repair.DOUBLE_ENCODED):
+        value, _ = unwrap_double_encoded(value, compiled.schema)
+    try:
+        return _violation(compiled, value) is None
+    except Exception:  # noqa: BLE001 -- e.g. an unresolvable $ref: the call goes unvalidated, as in check_turn
+        return True
+
+
 def _schema_key(schema: dict[str, Any]) -> str:
     """A cache key for a schema: its canonical JSON text."""
     return json.dumps(schema, sort_keys=True, default=repr)
