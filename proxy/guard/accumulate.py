@@ -15,6 +15,21 @@ three layers, each in its own module:
 Every absorbed anomaly becomes a ``Finding`` tied to its frame (number, byte offset, capped text),
 collected in order by one ``proxy.guard.notes.Notes``. The accumulator never raises on any chunk
 shape.
+
+Envelope tolerance, the rule (issue 12, item 3). The canonical turn is what a conforming
+``chat.completion.chunk`` stream means (PROTOCOLS.md 1.3-1.5). An upstream answer that says the same
+thing in another way is normalised to it, always with a finding (``ENVELOPE_VARIANT`` unless a
+corpus kind names the case): another envelope shape than asked for (a whole ``chat.completion`` or a
+``message`` inside a stream, ``choices`` as one object, ``tool_calls`` as one object); deprecated
+fields with the same meaning (``function_call`` for ``tool_calls``, ``finish_reason``
+``function_call`` / Anthropic's ``tool_use`` / ``end_turn`` / ``max_tokens``); type variants of a
+known field whose value is unambiguous (arguments as an object, C13; an index as a numeric string;
+an id missing, C08). Empty or meaningless events (a chunk with no choices, a choice with no delta,
+empty text) are ignored with a finding. Signals that contradict each other are decided by what was
+assembled, with a finding (``finish_reason: stop`` with calls is ``tool_calls``, C32; ``tool_calls``
+with no call is ``stop``; the same call twice is one, ``DUPLICATE_TOOL_CALL``). What cannot be
+normalised without a guess -- a ``delta`` that is not an object, a choice index the request did not
+ask for (``proxy.guard.integrity``) -- breaks the attempt: retried, never delivered changed.
 """
 
 from __future__ import annotations
@@ -183,6 +198,9 @@ class Accumulator:
 
     def _choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
+        if isinstance(choices, dict) and ("delta" in choices or "message" in choices or "finish_reason" in choices):
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "choices sent as one object, not a list")
+            choices = [choices]
         if isinstance(choices, list) and choices:
             for c in choices:
                 if isinstance(c, dict):

@@ -209,8 +209,8 @@ class AttemptGuard:
                         f"tool {name[:80]!r} is not declared", item.choice, item.slot)
             self._finding(f, out)
             return
-        if item.by_finish:
-            return  # the turn ends now: Done follows, a commit trigger would gain nothing
+        if item.by_finish or self._acc.choices[item.choice].slots[item.slot].followed:
+            return  # the turn ends now (Done follows), or a later value may still be the real one
         call, minted = self._acc.closed_call(item.choice, item.slot)
         self._items(minted, Where(), out)
         checked, problems = check_turn(_single(item.choice, call), self.request, self.policy)

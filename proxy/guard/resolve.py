@@ -206,6 +206,10 @@ class ChoiceResolver:
         if "other" in seen:
             self.notes.note(K.UNKNOWN_FINISH_REASON, Action.NORMALIZED, "unknown finish_reason read as stop",
                             ch.index)
+        aliases = sorted({v for v in ch.finishes if v in _FINISH_ALIASES and _FINISH_ALIASES[v] != v})
+        if aliases:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED,
+                            f"finish_reason {aliases[0][:30]!r} read as {_FINISH_ALIASES[aliases[0]]!r}", ch.index)
         for strong in ("length", "content_filter"):
             if strong in seen:
                 return strong
@@ -214,6 +218,9 @@ class ChoiceResolver:
                 self.notes.note(K.FINISH_REASON_STOP_WITH_TOOL_CALLS, Action.NORMALIZED,
                                 "finish_reason stop with tool calls; tool_calls emitted", ch.index)
             return "tool_calls"
+        if "tool_calls" in seen:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED,
+                            "finish_reason tool_calls but no tool call was assembled; stop", ch.index)
         return "stop" if seen or "error" in ch.finishes else None
 
     def _incomplete(self, ch: ChoiceAccumulator, out: ChoiceTurn) -> None:
