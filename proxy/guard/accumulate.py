@@ -39,7 +39,7 @@ from typing import Any
 from proxy.guard.choice import ChoiceAccumulator
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.findings import Action, Finding, FindingKind, Where
-from proxy.guard.integrity import has_surrogate_escape, inspect_chunk
+from proxy.guard.integrity import CHUNK_KEYS, has_surrogate_escape
 from proxy.guard.notes import AccItem, Notes
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.repair import resolve_name
@@ -122,8 +122,11 @@ class Accumulator:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "empty data frame ignored")
             return
         obj = loads_lenient(data)
+        self.notes.inspected = False
         if isinstance(obj, dict):
-            self._integrity(obj, invalid_utf8, has_surrogate_escape(data))
+            escapes = "\\ud" in data or "\\uD" in data  # has_surrogate_escape, inline: once per frame
+            if invalid_utf8 or escapes or not CHUNK_KEYS.issuperset(obj):  # deeper levels check their own keys
+                self.notes.inspect(obj, invalid_utf8=invalid_utf8, escapes=escapes)
         elif invalid_utf8:
             self.notes.note(K.INVALID_UTF8_IN_FRAME, Action.RETRY, "a frame with bytes that are not UTF-8",
                             once=False)
@@ -133,12 +136,6 @@ class Accumulator:
             self._upstream_error(K.MID_STREAM_ERROR_CHUNK, obj, "event: error frame")
         else:
             self._chunk(obj)
-
-    def _integrity(self, obj: dict[str, Any], invalid_utf8: bool, escapes: bool) -> None:
-        """Bytes the protocol does not allow (``proxy.guard.integrity``): findings, fatal where they
-        touch a tool call; lone surrogates in text replaced in ``obj``."""
-        for p in inspect_chunk(obj, invalid_utf8=invalid_utf8, escapes=escapes):
-            self.notes.note(p.kind, p.action, p.detail, once=not p.touches_call)
 
     def _unparseable(self, data: str) -> None:
         """C45: a frame that is not JSON (fused with the next one when ``data:`` appears inline)."""
@@ -159,8 +156,9 @@ class Accumulator:
         """Absorb one parsed chunk (a ``chat.completion.chunk`` dict, PROTOCOLS.md 1.3); ``invalid_utf8``:
         its text had bytes that are not UTF-8 (decoded as U+FFFD)."""
         self.notes.where = where or Where()
+        self.notes.inspected = False
         if isinstance(obj, dict):
-            self._integrity(obj, invalid_utf8, has_surrogate_escape(self.notes.where.raw))
+            self.notes.inspect(obj, invalid_utf8=invalid_utf8, escapes=has_surrogate_escape(self.notes.where.raw))
         self._chunk(obj)
         return self.notes.take()
 
@@ -218,8 +216,10 @@ class Accumulator:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
 
     def _choice(self, c: dict[str, Any]) -> None:
-        idx = self._index(c.get("index"))
-        if idx >= max(self.request.n, 1):
+        idx = c.get("index")
+        if type(idx) is not int or idx < 0:
+            idx = self._index(idx)
+        if idx and idx >= self.request.n:
             self._unrequested(idx, c)
             return
         self._choice_for(idx).feed(c)

@@ -81,7 +81,8 @@ class AttemptGuard:
                 self._event(ev, out)
                 if self._stopped():
                     break
-            self._decoder_checks(out)
+            if self._sse.corrupt_fields or self._sse.overflow:
+                self._decoder_checks(out)
         except Exception as exc:  # noqa: BLE001 - the invariant: garbage in, a decision out
             self._internal(exc, out)
         return out

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.guard.events import Channel, TextDelta
 from proxy.guard.findings import Action, FindingKind
+from proxy.guard.integrity import CHOICE_KEYS, DELTA_KEYS, FUNCTION_KEYS, TOOL_KEYS
 from proxy.guard.notes import Notes
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.slot_table import SlotTable
@@ -57,6 +58,8 @@ class ChoiceAccumulator:
         """Absorb one ``choices[i]`` object of a chunk (PROTOCOLS.md 1.3)."""
         finish = c.get("finish_reason")
         delta = c.get("delta")
+        if not CHOICE_KEYS.issuperset(c):
+            self.notes.inspect({"choices": [c]})  # an unknown key: a vendor extension, or corrupted?
         if delta is None and isinstance(c.get("message"), dict) and not (self.has_text or self.slots):
             delta = c["message"]  # a whole non-stream message inside a stream: read it once, as a delta
             if self.stream:
@@ -74,6 +77,8 @@ class ChoiceAccumulator:
         self._finish(finish)
 
     def _delta(self, delta: dict[str, Any], *, finishing: bool) -> None:
+        if not DELTA_KEYS.issuperset(delta):
+            self.notes.inspect({"choices": [{"delta": delta}]})
         if self.finished_at is not None and _has_payload(delta):
             self.notes.note(K.INTERMEDIATE_FINISH_REASON, Action.NORMALIZED,
                             "deltas after the choice's finish_reason", self.index)
@@ -127,6 +132,8 @@ class ChoiceAccumulator:
         tid = ident(tc.get("id"))
         raw_fn = tc.get("function")
         fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else {}
+        if not (TOOL_KEYS.issuperset(tc) and FUNCTION_KEYS.issuperset(fn)):
+            self.notes.inspect({"choices": [{"delta": {"tool_calls": [tc]}}]})
         name = ident(fn.get("name"))
         frag, is_object = argument_fragment(fn.get("arguments"))
         slot, new = self.table.route(tc.get("index"), tid, name, frag)

@@ -80,6 +80,8 @@ def inspect_chunk(obj: dict[str, Any], *, invalid_utf8: bool, escapes: bool) -> 
     """The protocol violations of one parsed chunk (module docstring); lone surrogates outside tool
     calls are replaced by U+FFFD in ``obj`` in place. ``invalid_utf8``: the SSE event had bytes that
     are not UTF-8; ``escapes``: its data may hold surrogate escapes (``has_surrogate_escape``)."""
+    if not (invalid_utf8 or escapes) and keys_known(obj):
+        return []  # the common case, in C-speed set checks: nothing to walk
     walk = _Walk(invalid_utf8, escapes)
     walk.chunk(obj)
     if invalid_utf8 and not walk.problems:
@@ -194,6 +196,45 @@ class _Walk:
             self.add(K.LONE_SURROGATE, Action.IGNORED, f"a lone surrogate in the chunk {key}, replaced")
             return _SURROGATE.sub("\ufffd", s)
         return s
+
+
+def keys_known(obj: dict[str, Any]) -> bool:
+    """True when every key at every known level of ``obj`` (a parsed chunk) is a known one: then, with
+    no invalid bytes and no surrogate escape in the frame, ``inspect_chunk`` has nothing to find."""
+    if not CHUNK_KEYS.issuperset(obj):
+        return False
+    choices = obj.get("choices")
+    for c in choices if type(choices) is list else ():
+        if type(c) is not dict:
+            continue
+        if not CHOICE_KEYS.issuperset(c):
+            return False
+        d = c.get("delta")
+        if type(d) is not dict:
+            d = c.get("message")
+            if type(d) is not dict:
+                continue
+        if not DELTA_KEYS.issuperset(d):
+            return False
+        calls = d.get("tool_calls")
+        if calls and not _calls_known(calls):
+            return False
+        fc = d.get("function_call")
+        if type(fc) is dict and not FUNCTION_KEYS.issuperset(fc):
+            return False
+    return True
+
+
+def _calls_known(calls: Any) -> bool:
+    for tc in calls if type(calls) is list else [calls]:
+        if type(tc) is not dict:
+            continue
+        if not TOOL_KEYS.issuperset(tc):
+            return False
+        fn = tc.get("function")
+        if type(fn) is dict and not FUNCTION_KEYS.issuperset(fn):
+            return False
+    return True
 
 
 def _corrupted(key: str, known: frozenset[str], min_len: int) -> bool:
