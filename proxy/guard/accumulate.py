@@ -238,7 +238,8 @@ class Accumulator:
         folded into one; retried when it carries anything (text, a tool call, a finish reason)."""
         delta = c.get("delta") if isinstance(c.get("delta"), dict) else c.get("message")
         payload = (isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values())) \
-            or ident(c.get("finish_reason")) is not None
+            or ident(c.get("finish_reason")) is not None \
+            or any(v not in (None, "", [], {}) for k, v in c.items() if k not in ("index", "delta", "message"))
         action = Action.RETRY if payload else Action.IGNORED
         self.notes.note(K.UNREQUESTED_CHOICE_INDEX, action,
                         f"choice index {idx} on a request for n={self.request.n}", once=not payload)

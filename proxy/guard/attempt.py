@@ -244,6 +244,7 @@ class AttemptGuard:
         if self._aborted:
             return _decision(self.findings, None, self._acc.error)
         texts = {k: "".join(v) for k, v in self._texts.items()}
+        self._record(self._replaced_bytes(), out)
         turn, resolved = self._acc.resolve(texts, self._calls)
         self._record(resolved, out)
         if not any(f.fatal for f in self.findings):
@@ -252,6 +253,19 @@ class AttemptGuard:
         if not any(f.fatal for f in self.findings):
             self._record(_empty_choices(turn, self.request), out)
         return _decision(self.findings, turn, self._acc.error)
+
+    def _replaced_bytes(self) -> list[Finding]:
+        """Bytes that were not UTF-8, or a lone surrogate, replaced by U+FFFD anywhere in an attempt whose
+        text is read for calls (tools declared): the replaced byte may sit in a call's marker or markup (a
+        fuzzed marker left a call as text; a recogniser skipped a parameter it could not read), so the
+        attempt is retried, never delivered with a call changed or lost. Without tools it stays a finding."""
+        if not self._markup:
+            return []
+        replaced = next((f for f in self.findings if f.kind in (K.INVALID_UTF8_IN_FRAME, K.LONE_SURROGATE)), None)
+        if replaced is None or replaced.fatal:
+            return []
+        return [Finding(replaced.kind, Severity.ERROR, Action.RETRY,
+                        "a replaced byte (U+FFFD) in a stream whose text is read for tool calls", replaced.choice)]
 
     def _record(self, findings: list[Finding], out: list[Event]) -> None:
         self.findings.extend(findings)

@@ -12,10 +12,12 @@ things in a frame are not what the protocol allows, and each is a finding:
   vendors add short keys): ``"d\\x80elta"``, ``"delat"``, ``"argumnets"``, ``"ix"`` in a tool call.
   Other unknown keys are vendor extensions and are ignored.
 
-Where such a thing touches a tool call (its id, name or arguments, or a corrupted key whose value
-carries a tool call or is at the tool-call level) the attempt is broken: ``Action.RETRY``, never
+Where such a thing touches a tool call (its id, name or arguments; a corrupted key in a choice, a
+delta or a tool call -- what it held is lost, and text may carry a call in markup -- or a corrupted
+chunk-level key whose value is an object or a list) the attempt is broken: ``Action.RETRY``, never
 delivered changed. In text (content, reasoning, refusal) a U+FFFD is what any client decoder would
-show and is kept (``NORMALIZED``); a lone surrogate there is replaced by U+FFFD (a client cannot
+show and is kept (``NORMALIZED``; but on a request with tools, whose text is read for calls, the
+attempt retries it at the end, ``AttemptGuard``); a lone surrogate there is replaced by U+FFFD (a client cannot
 encode it: the Anthropic SDK raised ``UnicodeEncodeError``). Elsewhere (completion id, model) a
 surrogate is replaced and the finding is ``IGNORED``.
 
@@ -45,8 +47,6 @@ DELTA_KEYS = frozenset({"role", "content", "reasoning_content", "reasoning", "to
 TOOL_KEYS = frozenset({"index", "id", "type", "function"})
 FUNCTION_KEYS = frozenset({"name", "arguments"})
 TEXT_KEYS = frozenset({"content", "reasoning_content", "reasoning", "refusal"})
-#: Keys whose presence in a value means it carries a tool call (or part of one).
-_CALL_KEYS = frozenset({"tool_calls", "function_call", "function", "arguments"})
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NEAR_MIN = 4  # shorter known keys ("id") have too many one-edit neighbours among vendor keys
 
@@ -153,11 +153,12 @@ class _Walk:
         for key in [k for k in obj if k not in known]:
             if not isinstance(key, str) or not _corrupted(key, known, 1 if call_level else _NEAR_MIN):
                 continue  # a vendor extension: ignored
-            touches = call_level or _callish(obj[key])
-            what = "tool call" if touches else "no tool call"
+            # Below the chunk a lost key is a lost index, finish reason or text, and text may carry a
+            # call in markup: the attempt is broken. At the chunk level so is a lost object or list (the
+            # choices); a lost scalar (model, created) changes no call.
+            touches = call_level or level != "chunk" or isinstance(obj[key], dict | list)
             action = Action.RETRY if touches else Action.IGNORED
-            self.add(K.CORRUPTED_KEY, action,
-                                         f"{level} key {key[:40]!r} is corrupted ({what} under it)")
+            self.add(K.CORRUPTED_KEY, action, f"{level} key {key[:40]!r} is corrupted")
 
     # -- strings -----------------------------------------------------------------------------------
 
@@ -258,23 +259,6 @@ def _strings(value: Any) -> list[str]:
         elif isinstance(v, list):
             stack.extend(v)
     return out
-
-
-def _callish(value: Any) -> bool:
-    """True when ``value`` carries (part of) a tool call: a key of ``_CALL_KEYS``, or one corrupted
-    towards them, at any depth."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            for k in v:
-                if isinstance(k, str) and (k in _CALL_KEYS or "\ufffd" in k
-                                           or any(_one_edit(k, c) for c in _CALL_KEYS)):
-                    return True
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
 
 
 def _one_edit(a: str, b: str) -> bool:

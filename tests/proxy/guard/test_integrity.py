@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -55,8 +57,10 @@ def test_invalid_utf8_in_a_tool_name_is_retried() -> None:
 
 
 def test_invalid_utf8_in_text_is_kept_as_the_replacement_character_with_a_finding() -> None:
+    """Without tools; with tools the text is read for calls, and a replaced byte may hide one: retried."""
     body = sse(text("caf\u00e9 ok"), finish("stop")).replace(b"caf", b"caf\x80")
-    d = guard_body(body, TOOLS, POLICY)
+    assert retried(guard_body(body, TOOLS, POLICY), K.INVALID_UTF8_IN_FRAME)
+    d = guard_body(body, RequestSpec(), POLICY)
     assert d.usable and d.turn is not None
     assert d.turn.choices[0].content is not None and "\ufffd" in d.turn.choices[0].content
     assert any(f.kind is K.INVALID_UTF8_IN_FRAME and f.action is Action.NORMALIZED for f in d.findings)
@@ -88,8 +92,12 @@ def test_a_key_one_edit_from_a_known_key_is_retried_where_it_touches_a_call() ->
         assert retried(guard_body(b"\n\n".join(frames), TOOLS, POLICY), K.CORRUPTED_KEY), new
 
 
-def test_a_corrupted_key_without_a_call_under_it_is_a_finding_and_vendor_keys_are_ignored() -> None:
+def test_a_corrupted_key_below_the_chunk_is_retried_above_it_a_finding_and_vendor_keys_are_ignored() -> None:
+    """A lost ``content`` may have held a call in markup (a fuzzed D03 lost one): retried. A corrupted
+    chunk-level ``model`` key loses nothing of the turn: a finding."""
     body = sse(text("hi"), chunk(choice({"contnet": "lost", "x_vendor": {"a": 1}})), finish("stop"))
+    assert retried(guard_body(body, TOOLS, POLICY), K.CORRUPTED_KEY)
+    body = sse({**text("hi"), "modle": "m"}, finish("stop"))
     d = guard_body(body, TOOLS, POLICY)
     assert d.usable
     assert [f.action for f in d.findings if f.kind is K.CORRUPTED_KEY] == [Action.IGNORED]
@@ -124,8 +132,10 @@ def test_a_lone_surrogate_in_arguments_is_retried() -> None:
 
 
 def test_a_lone_surrogate_in_text_is_replaced_and_a_pair_is_a_character() -> None:
-    d = guard_body(sse('{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"a\\ud800b \\ud83d\\ude00"}}]}',
-                       finish("stop")), TOOLS, POLICY)
+    body = sse('{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"a\\ud800b \\ud83d\\ude00"}}]}',
+               finish("stop"))
+    assert retried(guard_body(body, TOOLS, POLICY), K.LONE_SURROGATE)  # text read for calls: retried
+    d = guard_body(body, RequestSpec(), POLICY)
     assert d.usable and d.turn is not None
     assert d.turn.choices[0].content == "a\ufffdb \U0001f600"
     assert any(f.kind is K.LONE_SURROGATE and f.action is Action.NORMALIZED for f in d.findings)
@@ -193,6 +203,9 @@ def clean_stream(args: list[dict[str, Any]], cuts: list[int], prose: str) -> byt
     return sse(*frames)
 
 
+_CHOICE_INDEX = re.compile(rb'"choices": ?\[\{"index": ?(\d+)')
+
+
 def mutate(body: bytes, rnd: random.Random) -> bytes:
     """One mutation of the kinds the issue's fuzzer found delivered changed."""
     how = rnd.randrange(6)
@@ -205,9 +218,17 @@ def mutate(body: bytes, rnd: random.Random) -> bytes:
         return body[:pos] + rnd.choice([b"\x80", b"\xff", b"\xc3(", b"\xed\xa0\x80", b"\xf0\x9f"]) + body[pos:]
     if how == 2:  # a lone surrogate escape inserted
         return body[:pos] + rnd.choice([b"\\ud800", b"\\uDFFF", b"\\udbff"]) + body[pos:]
+    present = [k for k in _KEYS if k + b":" in body or k + b" :" in body]
+    wild = list(_CHOICE_INDEX.finditer(body))
+    if (how == 3 and not present) or (how == 4 and not wild):
+        how = 0
+    if how == 0:  # a byte flipped to a non-ASCII byte (never UTF-8 after an ASCII byte)
+        b = bytearray(body)
+        b[pos] |= 0x80
+        return bytes(b)
     if how == 3:  # a known key one edit away (or a stray byte inside it)
-        key = rnd.choice([k for k in _KEYS if k in body])
-        starts = [i for i in range(len(body)) if body.startswith(key, i)]
+        key = rnd.choice(present)
+        starts = [i for i in range(len(body)) if body.startswith(key + b":", i) or body.startswith(key + b" :", i)]
         at = rnd.choice(starts)
         inner = bytearray(key[1:-1])
         j = rnd.randrange(len(inner))
@@ -222,9 +243,8 @@ def mutate(body: bytes, rnd: random.Random) -> bytes:
             inner[j], inner[j + 1] = inner[j + 1], inner[j]
         return body[:at] + b'"' + bytes(inner) + b'"' + body[at + len(key):]
     if how == 4:  # a wild choice index on one frame
-        starts = [i for i in range(len(body)) if body.startswith(b'{"index": 0, "finish_reason"', i)]
-        at = rnd.choice(starts)
-        return body[:at] + b'{"index": ' + str(rnd.choice([1, 2, 123, 10**9])).encode() + body[at + 10:]
+        m = rnd.choice(wild)
+        return body[:m.start(1)] + str(rnd.choice([1, 2, 123, 10**9])).encode() + body[m.end(1):]
     frames = body.split(b"\n\n")  # a frame dropped whole is a valid, shorter stream: not this test's
     return b"\n\n".join(frames[:pos % len(frames)] + [frames[pos % len(frames)].replace(b"data: ", b"data:", 1)]
                         + frames[pos % len(frames) + 1:])
@@ -261,3 +281,49 @@ def test_a_mutated_stream_delivers_the_clean_calls_or_is_retried(args: list[dict
                 assert t is None or t.encode("utf-8")  # never a lone surrogate to a client
     else:
         assert d.outcome is Outcome.RETRY
+
+
+# -- the same invariant over the corpus (a seeded mutator, a few mutations per case) ------------------------
+
+CORPUS = sorted((Path(__file__).resolve().parents[3].parent / "shared" / "fault-cases").glob("C*.json")) \
+    + sorted((Path(__file__).resolve().parents[2] / "corpus").glob("D*.json"))
+MUTATIONS_PER_CASE = 4
+
+
+def _case(path: Path) -> tuple[bytes, RequestSpec] | None:
+    case = json.loads(path.read_text(encoding="utf-8"))
+    if case.get("upstream_http") is not None or not (case.get("raw_sse") or case.get("upstream_chunks")):
+        return None
+    body = (str(case["raw_sse"]) if case.get("raw_sse") is not None
+            else "".join(f"data: {c}\n\n" for c in case["upstream_chunks"])).encode("utf-8")
+    request = RequestSpec.from_openai({"tools": case.get("request_tools") or [], **(case.get("request") or {})})
+    return body, request
+
+
+def _calls(d: Decision) -> list[tuple[int, str, str]]:
+    """(choice, name, arguments) of every call; ids left out (minted afresh per run when missing, C08)."""
+    assert d.turn is not None
+    return [(ch.index, c.name, c.arguments) for ch in d.turn.choices for c in ch.tool_calls]
+
+
+def test_mutated_corpus_streams_deliver_the_clean_calls_or_are_retried() -> None:
+    """Every corpus case the guard delivers with calls, mutated a few times (seeded): the same calls or a retry."""
+    checked = 0
+    for path in CORPUS:
+        loaded = _case(path)
+        if loaded is None:
+            continue
+        body, request = loaded
+        clean = guard_body(body, request, POLICY)
+        if not clean.usable or not _calls(clean):
+            continue
+        rnd = random.Random(path.name)
+        for _ in range(MUTATIONS_PER_CASE):
+            mutated = mutate(body, rnd)
+            d = guard_body(mutated, request, POLICY)
+            if d.usable:
+                assert _calls(d) == _calls(clean), (path.name, mutated)  # ids aside: minted afresh (C08)
+            else:
+                assert d.outcome in (Outcome.RETRY, Outcome.UPSTREAM_ERROR), path.name
+            checked += 1
+    assert checked >= 40
