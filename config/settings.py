@@ -77,6 +77,9 @@ UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
 UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
+#: Most upstream body bytes one guarded attempt may bring (the guard holds its calls until they are checked):
+#: past it the attempt is broken and retried (finding upstream-body-too-large), never unbounded memory.
+MAX_ATTEMPT_BYTES = envint("MAX_ATTEMPT_BYTES", 32 * 1024 * 1024)
 #: Bounds on each tool's `parameters` JSON Schema, checked when a request arrives, before any upstream
 #: call (proxy/guard/schema_bounds.py); a schema past one gets a 400 naming it (code
 #: tool_schema_too_complex). The defaults accept the tool sets of Claude Code, Codex CLI, OpenCode and

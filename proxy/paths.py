@@ -274,7 +274,8 @@ class Guarded(_Path):
             if not is_event_stream(upstream):
                 return await self._not_sse(number, target, started, upstream)
             spec = dataclasses.replace(self.request.spec, usage_requested=upstream.asked_usage)
-            guard = AttemptGuard(spec, self.policy)
+            guard = AttemptGuard(spec, self.policy, max_line=settings.MAX_SSE_LINE_BYTES,
+                                 max_bytes=settings.MAX_ATTEMPT_BYTES)
             async for chunk in upstream.chunks():
                 if ttfb is None:
                     ttfb = (time.monotonic() - started) * 1000

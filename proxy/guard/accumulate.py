@@ -15,6 +15,21 @@ three layers, each in its own module:
 Every absorbed anomaly becomes a ``Finding`` tied to its frame (number, byte offset, capped text),
 collected in order by one ``proxy.guard.notes.Notes``. The accumulator never raises on any chunk
 shape.
+
+Envelope tolerance, the rule (issue 12, item 3). The canonical turn is what a conforming
+``chat.completion.chunk`` stream means (PROTOCOLS.md 1.3-1.5). An upstream answer that says the same
+thing in another way is normalised to it, always with a finding (``ENVELOPE_VARIANT`` unless a
+corpus kind names the case): another envelope shape than asked for (a whole ``chat.completion`` or a
+``message`` inside a stream, ``choices`` as one object, ``tool_calls`` as one object); deprecated
+fields with the same meaning (``function_call`` for ``tool_calls``, ``finish_reason``
+``function_call`` / Anthropic's ``tool_use`` / ``end_turn`` / ``max_tokens``); type variants of a
+known field whose value is unambiguous (arguments as an object, C13; an index as a numeric string;
+an id missing, C08). Empty or meaningless events (a chunk with no choices, a choice with no delta,
+empty text) are ignored with a finding. Signals that contradict each other are decided by what was
+assembled, with a finding (``finish_reason: stop`` with calls is ``tool_calls``, C32; ``tool_calls``
+with no call is ``stop``; the same call twice is one, ``DUPLICATE_TOOL_CALL``). What cannot be
+normalised without a guess -- a ``delta`` that is not an object, a choice index the request did not
+ask for (``proxy.guard.integrity``) -- breaks the attempt: retried, never delivered changed.
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ from typing import Any
 from proxy.guard.choice import ChoiceAccumulator
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.findings import Action, Finding, FindingKind, Where
+from proxy.guard.integrity import CHUNK_KEYS, has_surrogate_escape
 from proxy.guard.notes import AccItem, Notes
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.repair import resolve_name
@@ -31,6 +47,7 @@ from proxy.guard.resolve import ChoiceResolver
 from proxy.guard.slots import NOT_JSON, SlotClosed, ident, loads_lenient, resolve_slot_name
 from proxy.guard.sse import SSEEvent
 from proxy.guard.turn import RequestSpec, ToolCall, Turn, UpstreamError
+from proxy.guard.validate import arguments_accepted
 
 K = FindingKind
 
@@ -79,7 +96,7 @@ class Accumulator:
         if ev.error is not None:
             self._error_field(ev.error)
         elif ev.has_data:
-            self._data(ev.data, ev.event)
+            self._data(ev.data, ev.event, ev.invalid_utf8)
         return self.notes.take()
 
     def _sse_notes(self, ev: SSEEvent) -> None:
@@ -96,7 +113,7 @@ class Accumulator:
         obj = value if parsed is NOT_JSON else parsed
         self._upstream_error(K.NONSTANDARD_SSE_ERROR_FIELD, obj, "error: SSE field")
 
-    def _data(self, data: str, event: str) -> None:
+    def _data(self, data: str, event: str, invalid_utf8: bool = False) -> None:
         stripped = data.strip()
         if stripped.startswith("[DONE]"):
             self.done = True
@@ -105,6 +122,14 @@ class Accumulator:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "empty data frame ignored")
             return
         obj = loads_lenient(data)
+        self.notes.inspected = False
+        if isinstance(obj, dict):
+            escapes = "\\ud" in data or "\\uD" in data  # has_surrogate_escape, inline: once per frame
+            if invalid_utf8 or escapes or not CHUNK_KEYS.issuperset(obj):  # deeper levels check their own keys
+                self.notes.inspect(obj, invalid_utf8=invalid_utf8, escapes=escapes)
+        elif invalid_utf8:
+            self.notes.note(K.INVALID_UTF8_IN_FRAME, Action.RETRY, "a frame with bytes that are not UTF-8",
+                            once=False)
         if obj is NOT_JSON:
             self._unparseable(data)
         elif event == "error" and isinstance(obj, dict) and "error" not in obj:
@@ -127,9 +152,13 @@ class Accumulator:
         action = Action.RETRY if error.retryable else Action.ERROR
         self.notes.note(kind, action, f"upstream error in {where}: {error.message[:300]}", once=False)
 
-    def feed_chunk(self, obj: Any, where: Where | None = None) -> list[AccItem]:
-        """Absorb one parsed chunk (a ``chat.completion.chunk`` dict, PROTOCOLS.md 1.3)."""
+    def feed_chunk(self, obj: Any, where: Where | None = None, *, invalid_utf8: bool = False) -> list[AccItem]:
+        """Absorb one parsed chunk (a ``chat.completion.chunk`` dict, PROTOCOLS.md 1.3); ``invalid_utf8``:
+        its text had bytes that are not UTF-8 (decoded as U+FFFD)."""
         self.notes.where = where or Where()
+        self.notes.inspected = False
+        if isinstance(obj, dict):
+            self.notes.inspect(obj, invalid_utf8=invalid_utf8, escapes=has_surrogate_escape(self.notes.where.raw))
         self._chunk(obj)
         return self.notes.take()
 
@@ -167,6 +196,9 @@ class Accumulator:
 
     def _choices(self, obj: dict[str, Any]) -> None:
         choices = obj.get("choices")
+        if isinstance(choices, dict) and ("delta" in choices or "message" in choices or "finish_reason" in choices):
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "choices sent as one object, not a list")
+            choices = [choices]
         if isinstance(choices, list) and choices:
             for c in choices:
                 if isinstance(c, dict):
@@ -185,7 +217,32 @@ class Accumulator:
 
     def _choice(self, c: dict[str, Any]) -> None:
         idx = c.get("index")
-        self._choice_for(idx if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0 else 0).feed(c)
+        if type(idx) is not int or idx < 0:
+            idx = self._index(idx)
+        if idx and idx >= self.request.n:
+            self._unrequested(idx, c)
+            return
+        self._choice_for(idx).feed(c)
+
+    def _index(self, idx: Any) -> int:
+        """A choice index: an int; a numeric string normalised (a type variant); else 0 (absent index)."""
+        if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0:
+            return idx
+        if isinstance(idx, str) and idx.isascii() and idx.isdigit() and len(idx) < 6:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, f"choice index sent as the string {idx!r}")
+            return int(idx)
+        return 0
+
+    def _unrequested(self, idx: int, c: dict[str, Any]) -> None:
+        """A choice the request did not ask for (index >= n): never delivered as another choice, never
+        folded into one; retried when it carries anything (text, a tool call, a finish reason)."""
+        delta = c.get("delta") if isinstance(c.get("delta"), dict) else c.get("message")
+        payload = (isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values())) \
+            or ident(c.get("finish_reason")) is not None \
+            or any(v not in (None, "", [], {}) for k, v in c.items() if k not in ("index", "delta", "message"))
+        action = Action.RETRY if payload else Action.IGNORED
+        self.notes.note(K.UNREQUESTED_CHOICE_INDEX, action,
+                        f"choice index {idx} on a request for n={self.request.n}", once=not payload)
 
     def _choice_for(self, index: int) -> ChoiceAccumulator:
         ch = self.choices.get(index)
@@ -204,7 +261,11 @@ class Accumulator:
         return self.notes.take()
 
     def _resolver(self) -> ChoiceResolver:
-        return ChoiceResolver(self.names, self.policy, self.notes, terminated=self.done or not self.stream)
+        return ChoiceResolver(self.names, self.policy, self.notes, terminated=self.done or not self.stream,
+                              accepts=self._accepts, parallel=self.request.parallel_tool_calls)
+
+    def _accepts(self, name: str, value: dict[str, Any]) -> bool:
+        return arguments_accepted(self.request, self.policy, name, value)
 
     def closed_call(self, choice: int, position: int) -> tuple[ToolCall, list[AccItem]]:
         """The call of a closed slot as it stands (id minted now if missing, C08) and new findings."""

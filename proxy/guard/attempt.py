@@ -48,10 +48,16 @@ K = FindingKind
 class AttemptGuard:
     """One upstream attempt: ``feed(bytes) -> list[Event]`` any number of times, then ``finish()``."""
 
-    def __init__(self, request: RequestSpec, policy: GuardPolicy, *, stream: bool = True) -> None:
+    def __init__(self, request: RequestSpec, policy: GuardPolicy, *, stream: bool = True,
+                 max_line: int | None = None, max_bytes: int | None = None) -> None:
+        """``max_line``: the longest SSE line held (bytes; settings ``MAX_SSE_LINE_BYTES``); ``max_bytes``:
+        the most body bytes one attempt may bring (settings ``MAX_ATTEMPT_BYTES``). Past either the
+        attempt is broken (``SSE_LINE_TOO_LONG`` / ``UPSTREAM_BODY_TOO_LARGE``, retried). None: unbounded."""
         self.request = request
         self.policy = policy
-        self._sse = SSEDecoder()
+        self.max_bytes = max_bytes
+        self._size = 0
+        self._sse = SSEDecoder(max_line=max_line)
         self._acc = Accumulator(request, policy, stream=stream)
         self._markup = bool(request.tools) and request.tool_choice != "none"
         self._allow_markup = policy.allows(Repair.LEAKED_MARKUP)
@@ -73,20 +79,48 @@ class AttemptGuard:
         if self._aborted or self._decision is not None:
             return out
         try:
+            self._size += len(data)
+            if self.max_bytes is not None and self._size > self.max_bytes:
+                self._bound(K.UPSTREAM_BODY_TOO_LARGE, f"the attempt's body passed {self.max_bytes} bytes", out)
+                return out
             for ev in self._sse.feed(data):
                 self._event(ev, out)
                 if self._stopped():
                     break
+            if self._sse.corrupt_fields or self._sse.overflow:
+                self._decoder_checks(out)
         except Exception as exc:  # noqa: BLE001 - the invariant: garbage in, a decision out
             self._internal(exc, out)
         return out
 
-    def feed_completion(self, obj: Any, raw: str = "") -> list[Event]:
-        """Absorb a whole non-stream ``chat.completion`` object (PROTOCOLS.md 1.2) as one chunk."""
+    def _decoder_checks(self, out: list[Event]) -> None:
+        """What the SSE decoder could not hand on as events: a frame lost under a corrupted field name,
+        a line past the bound."""
+        if self._sse.corrupt_fields:
+            self._bound(K.CORRUPTED_KEY, "an SSE field name is corrupted (invalid UTF-8 or one edit from "
+                        "'data'): the frame under it is lost", out)
+        if self._sse.overflow:
+            self._bound(K.SSE_LINE_TOO_LONG, f"an SSE line longer than {self._sse.max_line} bytes", out)
+
+    def _bound(self, kind: FindingKind, detail: str, out: list[Event]) -> None:
+        """A size bound passed or a frame lost to a corrupted SSE field: the attempt is broken whatever
+        the policy says about early abort (the guard never holds more), and the rest is ignored."""
+        if self._aborted:
+            return
+        f = Finding(kind, Severity.ERROR, Action.RETRY, detail, frame=self._acc.frames)
+        self._finding(f, out)
+        if not self._aborted:
+            self._aborted = True
+            out.append(Abort(f))
+
+    def feed_completion(self, obj: Any, raw: str = "", *, invalid_utf8: bool = False) -> list[Event]:
+        """Absorb a whole non-stream ``chat.completion`` object (PROTOCOLS.md 1.2) as one chunk;
+        ``invalid_utf8``: its body had bytes that are not UTF-8 (decoded as U+FFFD)."""
         out: list[Event] = []
         try:
             where = Where(0, 0, raw)
-            self._items(self._acc.feed_chunk(_completion_as_chunk(obj), where), where, out)
+            items = self._acc.feed_chunk(_completion_as_chunk(obj), where, invalid_utf8=invalid_utf8)
+            self._items(items, where, out)
         except Exception as exc:  # noqa: BLE001
             self._internal(exc, out)
         return out
@@ -192,8 +226,8 @@ class AttemptGuard:
                         f"tool {name[:80]!r} is not declared", item.choice, item.slot)
             self._finding(f, out)
             return
-        if item.by_finish:
-            return  # the turn ends now: Done follows, a commit trigger would gain nothing
+        if item.by_finish or self._acc.choices[item.choice].slots[item.slot].followed:
+            return  # the turn ends now (Done follows), or a later value may still be the real one
         call, minted = self._acc.closed_call(item.choice, item.slot)
         self._items(minted, Where(), out)
         try:
@@ -218,6 +252,7 @@ class AttemptGuard:
             return
         for ev in self._sse.flush():
             self._event(ev, out)
+        self._decoder_checks(out)
         if not self._aborted:
             self._items(self._acc.close(), Where(), out)
         for (choice, channel), scanner in self._scanners.items():
@@ -229,6 +264,7 @@ class AttemptGuard:
             return _decision(self.findings, None, self._acc.error)
         if self._turn is None:
             texts = {k: "".join(v) for k, v in self._texts.items()}
+            self._record(self._replaced_bytes(), out)
             self._turn, resolved = self._acc.resolve(texts, self._calls)
             self._record(resolved, out)
         turn = self._turn
@@ -238,6 +274,19 @@ class AttemptGuard:
         if not any(f.fatal for f in self.findings):
             self._record(_empty_choices(turn, self.request), out)
         return _decision(self.findings, turn, self._acc.error)
+
+    def _replaced_bytes(self) -> list[Finding]:
+        """Bytes that were not UTF-8, or a lone surrogate, replaced by U+FFFD anywhere in an attempt whose
+        text is read for calls (tools declared): the replaced byte may sit in a call's marker or markup (a
+        fuzzed marker left a call as text; a recogniser skipped a parameter it could not read), so the
+        attempt is retried, never delivered with a call changed or lost. Without tools it stays a finding."""
+        if not self._markup:
+            return []
+        replaced = next((f for f in self.findings if f.kind in (K.INVALID_UTF8_IN_FRAME, K.LONE_SURROGATE)), None)
+        if replaced is None or replaced.fatal:
+            return []
+        return [Finding(replaced.kind, Severity.ERROR, Action.RETRY,
+                        "a replaced byte (U+FFFD) in a stream whose text is read for tool calls", replaced.choice)]
 
     def _record(self, findings: list[Finding], out: list[Event]) -> None:
         self.findings.extend(findings)
@@ -249,12 +298,18 @@ def _single(choice: int, call: ToolCall) -> Turn:
 
 
 def _empty_choices(turn: Turn, request: RequestSpec) -> list[Finding]:
-    """Never an empty success: a choice with no text, refusal or call (unless cut by length/filter)."""
+    """Never an empty success: a choice with no text, refusal or call (unless cut by a content filter).
+
+    A turn of only ``finish_reason: length`` is no answer either (issue 12: it became an empty success):
+    retried, and when retries run out the client learns why instead of getting nothing.
+    """
     if not turn.choices:
         return [Finding(K.EMPTY_TURN, Severity.ERROR, Action.RETRY, "the upstream sent no choice at all")]
-    return [Finding(K.EMPTY_TURN, Severity.ERROR, Action.RETRY, "choice has no text and no tool call", c.index)
+    return [Finding(K.EMPTY_TURN, Severity.ERROR, Action.RETRY,
+                    "choice has only finish_reason length, no text and no tool call" if c.finish_reason == "length"
+                    else "choice has no text and no tool call", c.index)
             for c in turn.choices
-            if not (c.content or c.refusal or c.tool_calls) and c.finish_reason not in ("length", "content_filter")]
+            if not (c.content or c.refusal or c.tool_calls) and c.finish_reason != "content_filter"]
 
 
 def _decision(findings: list[Finding], turn: Turn | None, error: UpstreamError | None) -> Decision:
@@ -316,8 +371,13 @@ def guard_body(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decisi
 
 def completion_guard(body: bytes, request: RequestSpec, policy: GuardPolicy) -> AttemptGuard | Decision:
     """A guard that has read a whole non-stream answer (``chat.completion`` JSON bytes), ready to
-    ``finish()``; or, for a body that is not JSON, the decision (a retry, ``UNPARSEABLE_DATA_FRAME``)."""
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else ""
+    ``finish()``; or, for a body that is not JSON, the decision (a retry, ``UNPARSEABLE_DATA_FRAME``).
+    Bytes that are not UTF-8 are read as U+FFFD and noted (``feed_completion(invalid_utf8=True)``)."""
+    invalid_utf8 = False
+    try:
+        text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else ""
+    except UnicodeDecodeError:
+        text, invalid_utf8 = body.decode("utf-8", errors="replace"), True
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError):
@@ -325,7 +385,7 @@ def completion_guard(body: bytes, request: RequestSpec, policy: GuardPolicy) -> 
                     frame=0, offset=0, fragment=cap_fragment(text))
         return Decision(Outcome.RETRY, None, (f,), f.detail)
     guard = AttemptGuard(request, policy, stream=False)
-    guard.feed_completion(obj, text)
+    guard.feed_completion(obj, text, invalid_utf8=invalid_utf8)
     return guard
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.guard.events import Channel, TextDelta
 from proxy.guard.findings import Action, FindingKind
+from proxy.guard.integrity import CHOICE_KEYS, DELTA_KEYS, FUNCTION_KEYS, TOOL_KEYS
 from proxy.guard.notes import Notes
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.slot_table import SlotTable
@@ -59,16 +60,27 @@ class ChoiceAccumulator:
         """Absorb one ``choices[i]`` object of a chunk (PROTOCOLS.md 1.3)."""
         finish = c.get("finish_reason")
         delta = c.get("delta")
+        if not CHOICE_KEYS.issuperset(c):
+            self.notes.inspect({"choices": [c]})  # an unknown key: a vendor extension, or corrupted?
         if delta is None and isinstance(c.get("message"), dict) and not (self.has_text or self.slots):
             delta = c["message"]  # a whole non-stream message inside a stream: read it once, as a delta
+            if self.stream:
+                self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED,
+                                "a whole message inside a stream chunk; read as one delta", self.index)
         if isinstance(delta, dict):
             self._delta(delta, finishing=ident(finish) is not None)
+        elif delta not in (None, "", [], {}):
+            self.notes.note(K.ENVELOPE_VARIANT, Action.RETRY,
+                            f"delta is a {type(delta).__name__}, not an object: what it meant is a guess", self.index,
+                            once=False)
         elif "content_filter_results" in c or "content_filter_offsets" in c or ident(finish) is None:
             self.notes.note(K.CONTENT_FILTER_ANNOTATION_CHUNKS, Action.IGNORED,
                             "choice without delta skipped (filter annotation)", self.index)
         self._finish(finish)
 
     def _delta(self, delta: dict[str, Any], *, finishing: bool) -> None:
+        if not DELTA_KEYS.issuperset(delta):
+            self.notes.inspect({"choices": [{"delta": delta}]})
         if self.finished_at is not None and _has_payload(delta):
             self.notes.note(K.INTERMEDIATE_FINISH_REASON, Action.NORMALIZED,
                             "deltas after the choice's finish_reason", self.index)
@@ -80,6 +92,8 @@ class ChoiceAccumulator:
                 if isinstance(tc, dict):
                     self._tool_delta(tc, finishing=finishing)
         elif isinstance(calls, dict):
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "tool_calls sent as one object, not a list",
+                            self.index)
             self._tool_delta(calls, finishing=finishing)
         self._legacy_function_call(delta.get("function_call"), finishing=finishing)
 
@@ -109,12 +123,21 @@ class ChoiceAccumulator:
             self.notes.note(K.EMPTY_STRING_FINISH_REASON_AND_LEGACY_STUB, Action.NORMALIZED,
                             "empty legacy function_call stub dropped", self.index)
             return
+        self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED,
+                        "deprecated function_call delta read as a tool call", self.index)
         self._tool_delta({"index": "function_call", "function": fc}, finishing=finishing)
 
     def _tool_delta(self, tc: dict[str, Any], *, finishing: bool) -> None:
+        index = tc.get("index")
+        if isinstance(index, str) and index.isascii() and index.isdigit() and len(index) < 6:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, f"tool-call index sent as the string {index!r}",
+                            self.index)
+            tc = {**tc, "index": int(index)}
         tid = ident(tc.get("id"))
         raw_fn = tc.get("function")
         fn: dict[str, Any] = raw_fn if isinstance(raw_fn, dict) else {}
+        if not (TOOL_KEYS.issuperset(tc) and FUNCTION_KEYS.issuperset(fn)):
+            self.notes.inspect({"choices": [{"delta": {"tool_calls": [tc]}}]})
         name = ident(fn.get("name"))
         frag, is_object = argument_fragment(fn.get("arguments"))
         slot, new = self.table.route(tc.get("index"), tid, name, frag)

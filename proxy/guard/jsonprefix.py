@@ -29,15 +29,18 @@ class JsonPrefix:
     """State of one argument text: ``PRE`` (nothing yet), ``IN``, ``DONE``, ``DEAD`` or ``OPAQUE``.
 
     ``DONE``: a complete top-level object/array was seen (trailing whitespace or a closing fence
-    allowed). ``DEAD``: no deterministic repair can make the text valid JSON. ``OPAQUE``: the
+    allowed); another object/array may follow it (``values`` counts them: a sequence of complete
+    values is one of the assemblies ``proxy.guard.assemble`` tries, so it is not dead). ``DEAD``: no
+    deterministic repair can make the text valid JSON. ``OPAQUE``: the
     text has a shape this check does not follow (a top-level scalar or string, a stray
     backslash); callers must parse it at the end instead.
     """
 
-    __slots__ = ("state", "_stack", "_in_str", "_esc", "_prefix")
+    __slots__ = ("state", "values", "_stack", "_in_str", "_esc", "_prefix")
 
     def __init__(self) -> None:
         self.state = PRE
+        self.values = 1  # top-level values begun: > 1 is a sequence (``proxy.guard.assemble`` reads it)
         self._stack: list[str] = []
         self._in_str = False
         self._esc = False
@@ -46,7 +49,7 @@ class JsonPrefix:
     def copy(self) -> JsonPrefix:
         """An independent copy of the current state."""
         c = JsonPrefix()
-        c.state, c._stack, c._in_str = self.state, list(self._stack), self._in_str
+        c.state, c.values, c._stack, c._in_str = self.state, self.values, list(self._stack), self._in_str
         c._esc, c._prefix = self._esc, self._prefix
         return c
 
@@ -82,8 +85,11 @@ class JsonPrefix:
         return i + 1
 
     def _after(self, text: str, i: int) -> int:
-        if text[i] not in _WS_FENCE:
-            self.state = DEAD  # a second value after a complete one
+        ch = text[i]
+        if ch in "{[":  # a second complete value may follow (a repeat, a placeholder then the real one)
+            self.state, self._stack, self.values = IN, [ch], self.values + 1
+        elif ch not in _WS_FENCE:
+            self.state = DEAD  # anything else after a complete value
         return i + 1
 
     def _string(self, text: str, i: int) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 from proxy.guard.events import TextDelta
 from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
+from proxy.guard.integrity import inspect_chunk
 from proxy.guard.slots import SlotClosed
 
 AccItem = TextDelta | Finding | SlotClosed
@@ -24,12 +25,14 @@ _SEVERITY = {
 
 class Notes:
     """Collects an attempt's accumulator items. ``where`` is the frame being read (set by the envelope);
-    ``fatal`` turns True at the first retry or error finding."""
+    ``fatal`` turns True at the first retry or error finding; ``inspected`` whether the current frame was
+    walked for protocol violations already (so a level that finds an unknown key walks it only once)."""
 
-    __slots__ = ("where", "fatal", "_seen", "_out")
+    __slots__ = ("where", "fatal", "inspected", "_seen", "_out")
 
     def __init__(self) -> None:
         self.where = Where()
+        self.inspected = False  # the current frame had its integrity walk (proxy.guard.integrity)
         self.fatal = False
         self._seen: set[tuple[Any, ...]] = set()
         self._out: list[AccItem] = []
@@ -48,6 +51,15 @@ class Notes:
             self.fatal = True
         self._out.append(f)
         return f
+
+    def inspect(self, obj: dict[str, Any], *, invalid_utf8: bool = False, escapes: bool = False) -> None:
+        """Walk ``obj`` (a chunk, or ``{"choices": [choice]}``) for protocol violations once per frame and
+        record them (``proxy.guard.integrity``); fatal where they touch a tool call."""
+        if self.inspected:
+            return
+        self.inspected = True
+        for p in inspect_chunk(obj, invalid_utf8=invalid_utf8, escapes=escapes):
+            self.note(p.kind, p.action, p.detail, once=not p.touches_call)
 
     def push(self, item: TextDelta | SlotClosed) -> None:
         """Queue a text delta or a closed slot in stream order."""

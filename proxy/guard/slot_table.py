@@ -57,28 +57,42 @@ class SlotTable:
             slot = self.by_index.get(index)
         if slot is None:
             return self._open(None if missing else index, split=None), True
-        if self._splits(slot, tid, name, frag):
+        reason = self._splits(slot, tid, name, frag)
+        if reason:
             self.notes.note(K.PARALLEL_CALLS_SHARE_INDEX_0, Action.NORMALIZED,
                             "another call at an occupied index; new slot opened", self.choice, slot.position)
-            return self._open(None if missing else index, split=slot), True
+            # A bare new value (no header of its own) after an open slot: one assembly group with it.
+            grouped = reason == "value" and not slot.closed and slot.pending is None and not name
+            if grouped:
+                slot.followed = True
+            opened = self._open(None if missing else index, split=slot)
+            if grouped:
+                opened.follows = slot.position if slot.follows is None else slot.follows
+            return opened, True
         self.current = slot
         return slot, False
 
-    def _splits(self, slot: Slot, tid: str | None, name: str | None, frag: str | None) -> bool:
-        """C09 vs C07/C15: does this delta start a different call at the slot's index?
+    def _splits(self, slot: Slot, tid: str | None, name: str | None, frag: str | None) -> str:
+        """C09 vs C07/C15: does this delta start a different call at the slot's index? Why, or ``""``.
 
-        A different id with a name on a named slot; or, once the slot's arguments are complete,
-        another declared tool name, or a non-duplicate new value (C15 re-sends are duplicates).
+        ``"id"``: a different id with a name on a named slot; once the slot's arguments are blank or
+        complete, ``"tool"``: another declared tool name; once complete, ``"value"``: a non-duplicate
+        new value (C15 re-sends are duplicates, unless they bring an id of their own: then the
+        assembly rule decides between one call and two, ``proxy.guard.assemble``).
         """
         if tid and name and slot.id and slot.names and tid != slot.id:
-            return True
+            return "id"
         if name and (slot.args.blank or slot.args.complete) and self._other_tool(slot, name):
-            return True  # a named call with nothing / everything already, then another declared tool
+            return "tool"  # a named call with nothing / everything already, then another declared tool
         if not slot.args.complete:
-            return False
+            return ""
         if not (frag and frag.strip()):
-            return False
-        return not trailing_residue(frag) and not self.is_duplicate(slot, frag)
+            return ""
+        if trailing_residue(frag):
+            return ""
+        if self.is_duplicate(slot, frag):  # a re-send (C15), unless under an id of its own: then the
+            return "value" if tid and slot.id and tid != slot.id else ""  # assembly decides (two calls?)
+        return "value"
 
     def _other_tool(self, slot: Slot, name: str) -> bool:
         """``name`` is a declared tool other than the declared one the slot's name fragments amount to."""

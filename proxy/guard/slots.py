@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.guard.jsonprefix import OPAQUE, JsonPrefix
+from proxy.guard.jsonprefix import DEAD, OPAQUE, JsonPrefix
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.repair import parse_arguments, resolve_name
 
@@ -55,7 +55,10 @@ class Args:
         self.frags.append(frag)
         if not frag:
             return
+        values = self.concat.values
         self.concat.feed(frag)
+        if self.concat.values != values and len(split_values(self.text)[0]) < self.concat.values - 1:
+            self.concat.state = DEAD  # a second value began after one that is not JSON after all
         if frag.strip():
             self.nonblank += 1
         self._advance_snapshot(frag)
@@ -130,6 +133,24 @@ def loads_lenient(text: str) -> Any:
         return NOT_JSON
 
 
+def split_values(text: str) -> tuple[list[str], str]:
+    """``text`` as a sequence of complete JSON values (whitespace between them): their texts, and the
+    rest that is not (yet) one. ``'{"a":1} {"a":1}'`` -> ``(['{"a":1}', '{"a":1}'], '')``."""
+    out: list[str] = []
+    pos, n = 0, len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos >= n:
+            return out, ""
+        try:
+            _, end = _DECODER.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return out, text[pos:]
+        out.append(text[pos:end])
+        pos = end
+
+
 def parses(text: str) -> bool:
     """True when ``text`` parses leniently (``loads_lenient``)."""
     return loads_lenient(text) is not NOT_JSON
@@ -148,6 +169,11 @@ class Slot:
     closed: bool = False
     minted: bool = False
     pending: tuple[str | None, str] | None = None  # (id, name) of a header re-sent after complete args
+    # A later complete value at this slot's index opened a new slot with no header of its own: the two
+    # are one assembly group (``proxy.guard.assemble``: a repeat, a placeholder then the real value, or
+    # separate calls), decided at the end; ``follows`` is the group head's position.
+    followed: bool = False
+    follows: int | None = None
 
     def add_name(self, name: str) -> bool:
         """Record a name fragment; True when it repeats the accumulated name."""

@@ -14,7 +14,12 @@ upstream's fault must stay visible to the guard instead of being silently droppe
 
 Bytes may be fed in any split, including inside a UTF-8 sequence or between CR and LF (lines are
 cut on the ASCII bytes CR/LF, which never occur inside a UTF-8 sequence, and decoded whole).
-Nothing here raises on any input: undecodable bytes become U+FFFD.
+Nothing here raises on any input: undecodable bytes become U+FFFD, and the event says so
+(``invalid_utf8``): the protocol allows only UTF-8 (PROTOCOLS.md 5.1), so the guard decides what a
+replaced byte touched (``proxy.guard.integrity``); a field line whose name is invalid UTF-8 or one
+edit from ``data``, or an unknown field carrying a JSON value, is counted in ``corrupt_fields`` (its
+frame is lost). A line longer than ``max_line`` bytes is never
+held without end: the decoder drops it and sets ``overflow`` (the guard retries the attempt).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class SSEEvent:
     terminated: bool = True
     id: str | None = None
     retry: int | None = None
+    invalid_utf8: bool = False  # a field line held bytes that are not UTF-8 (decoded as U+FFFD)
 
 
 @dataclass(slots=True)
@@ -66,15 +72,25 @@ class _Pending:
     error: str | None = None
     no_space: bool = False
     offset: int = -1
+    invalid_utf8: bool = False
 
     def empty(self) -> bool:
         return not self.lines
 
 
 class SSEDecoder:
-    """Push-style decoder: ``feed(bytes) -> list[SSEEvent]``, then ``flush()`` once at EOF."""
+    """Push-style decoder: ``feed(bytes) -> list[SSEEvent]``, then ``flush()`` once at EOF.
 
-    def __init__(self) -> None:
+    ``max_line``: the longest line kept (bytes, terminator excluded); past it the line is dropped and
+    ``overflow`` turns True (None: unbounded).
+    """
+
+    def __init__(self, *, max_line: int | None = None) -> None:
+        self.max_line = max_line
+        self.overflow = False
+        #: field lines dropped because their name is corrupted (invalid UTF-8, or one edit from ``data``):
+        #: the frame under such a line is lost, which the guard must not take for a shorter stream.
+        self.corrupt_fields = 0
         self._partial = bytearray()  # bytes of the current line (no CR/LF inside)
         self._partial_offset = 0  # body offset of the current line's first byte
         self._consumed = 0  # body bytes seen so far
@@ -129,6 +145,9 @@ class SSEDecoder:
                     self._skip_lf = True  # CRLF may be split across feeds
             self._partial_offset = start + pos
         self._partial += data[pos:]
+        if self.max_line is not None and len(self._partial) > self.max_line:
+            self.overflow = True
+            self._partial.clear()
 
     def flush(self) -> list[SSEEvent]:
         """At EOF: dispatch a final event that lacked its blank line (marked ``terminated=False``)."""
@@ -163,7 +182,15 @@ class SSEDecoder:
             if not self._pending.empty():
                 self._dispatch(out, terminated=True)
             return
-        line = raw.decode("utf-8", errors="replace")
+        if self.max_line is not None and len(raw) > self.max_line:
+            self.overflow = True
+            return
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line = raw.decode("utf-8", errors="replace")
+            if line[0] != ":":
+                self._pending.invalid_utf8 = True
         if line[0] == ":":
             self._comments.append(line[1:].removeprefix(" "))
             return
@@ -191,6 +218,8 @@ class SSEDecoder:
                 self._last_id = value
         elif name == "retry" and value.isascii() and value.isdigit():
             self._retry = int(value)
+        elif "\ufffd" in name or _near_data(name) or value.lstrip()[:1] in ("{", "["):
+            self.corrupt_fields += 1  # a chunk under a field name no upstream sends: a corrupted data line
 
     def _dispatch(self, out: list[SSEEvent], *, terminated: bool) -> None:
         """Emit the pending event if it carries data or an ``error:`` field, then reset."""
@@ -212,10 +241,23 @@ class SSEDecoder:
                 terminated=terminated,
                 id=self._last_id,
                 retry=self._retry,
+                invalid_utf8=p.invalid_utf8,
             )
         )
         self._comments = []
         self._frames += 1
+
+
+def _near_data(name: str) -> bool:
+    """True when a field name is one edit from ``data`` (``dta``, ``daat``, ``dataa``): a corrupted data line."""
+    if name == "data" or not 3 <= len(name) <= 5:
+        return False
+    if len(name) == 4:
+        diff = [i for i in range(4) if name[i] != "data"[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and name[diff[0]] == "data"[diff[1]] and name[diff[1]] == "data"[diff[0]])
+    short, long = (name, "data") if len(name) == 3 else ("data", name)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 def _dumps(obj: Any) -> str:

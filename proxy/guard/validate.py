@@ -28,6 +28,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.integrity import has_lone_surrogate
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
 from proxy.guard.schema_bounds import SchemaCost, measure, value_nodes
@@ -151,7 +152,11 @@ class _Checker:
         value = self.schema_check(name, parsed.value, choice.index, slot)
         if value is None:
             return call
-        return ToolCall(call.id, name, serialise_arguments(value), dict(call.extra))
+        text = serialise_arguments(value)
+        if has_lone_surrogate(text):  # a \ud800 escape inside the argument JSON: not text a client can encode
+            self.fatal(FindingKind.LONE_SURROGATE, "a lone surrogate in the tool arguments", choice.index, slot)
+            return call
+        return ToolCall(call.id, name, text, dict(call.extra))
 
     def one_call_only(self, choice: ChoiceTurn) -> list[ToolCall]:
         """With ``parallel_tool_calls: false`` and the repair allowed, only the first call (or the first
@@ -272,6 +277,28 @@ class _Checker:
     def fatal(self, kind: FindingKind, detail: str, choice: int, slot: int | None = None) -> None:
         """Record a finding that makes the attempt unusable."""
         self.findings.append(Finding(kind, Severity.ERROR, Action.RETRY, detail[:_DETAIL_CAP], choice, slot))
+
+
+def arguments_accepted(request: RequestSpec, policy: GuardPolicy, name: str, value: dict[str, Any]) -> bool:
+    """True when ``value`` (parsed arguments) is valid for tool ``name`` as ``check_turn`` would judge it:
+    the name resolves to a declared tool (policy repairs allowed) and the schema accepts the value after
+    the allowed C20 unwrapping. A tool without a usable schema accepts any object, and so does a schema
+    that fails at validation time (``check_turn`` reports it). Never raises."""
+    resolved = resolve_name(name, request.names, policy)
+    if resolved is None:
+        return False
+    spec = next((t for t in request.tools if t.name == resolved), None)
+    if spec is None or spec.parameters is None:
+        return True
+    compiled = _compiled(_schema_key(spec.parameters))
+    if isinstance(compiled, str):
+        return True
+    if policy.allows(Repair.DOUBLE_ENCODED):
+        value, _ = unwrap_double_encoded(value, compiled.schema)
+    try:
+        return _violation(compiled, value) is None
+    except Exception:  # noqa: BLE001 -- e.g. an unresolvable $ref: the call goes unvalidated, as in check_turn
+        return True
 
 
 def _schema_key(schema: dict[str, Any]) -> str:
