@@ -283,20 +283,30 @@ def arguments_accepted(request: RequestSpec, policy: GuardPolicy, name: str, val
     """True when ``value`` (parsed arguments) is valid for tool ``name`` as ``check_turn`` would judge it:
     the name resolves to a declared tool (policy repairs allowed) and the schema accepts the value after
     the allowed C20 unwrapping. A tool without a usable schema accepts any object, and so does a schema
-    that fails at validation time (``check_turn`` reports it). Never raises."""
+    that fails at validation time (``check_turn`` reports it). Within the schema bounds only: a schema not
+    compiled yet and costly to compile, or a validation over the request's inline budget, accepts too
+    (the delivered reading is then validated in the pool, ``proxy.schema_pool``). Never raises."""
     resolved = resolve_name(name, request.names, policy)
     if resolved is None:
         return False
     spec = next((t for t in request.tools if t.name == resolved), None)
     if spec is None or spec.parameters is None:
         return True
-    compiled = _compiled(_schema_key(spec.parameters))
-    if isinstance(compiled, str):
+    key = _schema_key(spec.parameters)
+    compiled = cached_key(key)
+    if compiled is None:
+        if value_nodes(spec.parameters) > request.inline_check_nodes:
+            return True
+        compiled = _compiled(key)
+    validator = compiled.validator
+    if validator is None:
         return True
     if policy.allows(Repair.DOUBLE_ENCODED):
-        value, _ = unwrap_double_encoded(value, compiled.schema)
+        value, _ = unwrap_double_encoded(value, validator.schema)
     try:
-        return _violation(compiled, value) is None
+        if compiled.cost.estimate(value) > request.inline_cost:
+            return True
+        return _violation(validator, value) is None
     except Exception:  # noqa: BLE001 -- e.g. an unresolvable $ref: the call goes unvalidated, as in check_turn
         return True
 
