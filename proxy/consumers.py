@@ -24,10 +24,13 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
+from proxy import metrics
 from proxy import not_found as unknown_path
+from proxy.background import schedule
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
+from proxy.limits import enforce as limits
 from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
 from proxy.server.backpressure import EXTENSION as BACKPRESSURE
@@ -39,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a client is asked to wait when its key cannot be checked (the database is unavailable).
 AUTH_RETRY_AFTER = 5.0
+#: Bytes of an upstream answer per output token when it reported no usage (SSE framing included; a rough,
+#: deliberately high estimate for token limits).
+OUTPUT_BYTES_PER_TOKEN = 16
 
 
 class RequestError(Exception):
@@ -48,10 +54,13 @@ class RequestError(Exception):
     """
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry_after: float | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None, should_retry: bool | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.retry_after = retry_after
+        self.headers = headers or []
+        self.should_retry = retry_after is not None if should_retry is None else should_retry
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str:
@@ -160,9 +169,8 @@ class ProxyConsumer(AsyncConsumer):
                 raise RequestError(405, f"method {self.scope.get('method')} not allowed", code="method_not_allowed")
             await endpoint.serve(self, body)
         except RequestError as exc:
-            retryable = exc.retry_after is not None
             await response.error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code,
-                                 should_retry=retryable, retry_after=exc.retry_after)
+                                 should_retry=exc.should_retry, retry_after=exc.retry_after, headers=exc.headers)
         except RequestInvalid as exc:
             await response.error(400, exc.message, type="invalid_request_error", param=exc.param, code=exc.code)
         except asyncio.CancelledError:
@@ -200,10 +208,40 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
                            param="model", code="model_not_found", type=dialect.not_found_type)
     response = consumer.response
     assert response is not None
+    estimate = estimate_tokens(prepared.request.body)
+    admission = await admitted(principal, estimate=estimate, deadline=plan.deadline,
+                               anthropic=dialect is ANTHROPIC_MESSAGES)
+    response.extra_headers = admission.headers
     call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
                      protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"),
                      dropped=prepared.dropped)
-    await Relay(call, response, get_client()).run()
+    relayed = Relay(call, response, get_client())
+    try:
+        await relayed.run()
+    finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens
+        schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
+
+
+async def admitted(principal: Principal, *, estimate: int, deadline: float, anthropic: bool) -> limits.Admission:
+    """The request admitted by its key's and tenant's limits (``proxy.limits.enforce``); ``RequestError``
+    429 over one (``error.code`` names it; a spent budget is ``insufficient_quota``, not retryable)."""
+    try:
+        return await limits.admit((principal.tenant_id, principal.api_key_id, principal.limits, principal.key_limits),
+                                  estimate=estimate, deadline=deadline, anthropic=anthropic)
+    except limits.LimitExceeded as exc:
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit=exc.code).inc()
+        raise RequestError(429, exc.message, type=exc.type, code=exc.code, retry_after=exc.retry_after,
+                           headers=exc.headers, should_retry=not exc.quota) from None
+
+
+def tokens_of(relayed: Relay, estimate: int) -> int | None:
+    """Input + output tokens of every attempt (retries cost too) from their usage; None when no attempt
+    reported usage (the admission's estimate stands; see ``proxy.limits.enforce``)."""
+    attempts = relayed.log.all
+    if not any(a.prompt_tokens or a.completion_tokens for a in attempts):
+        received = sum(a.bytes_received or 0 for a in attempts)
+        return None if not received else estimate * max(1, len(attempts)) + received // OUTPUT_BYTES_PER_TOKEN
+    return sum(a.prompt_tokens + a.completion_tokens for a in attempts)
 
 
 async def models(consumer: ProxyConsumer, body: bytes) -> None:
