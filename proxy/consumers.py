@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tok
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.limits import enforce as limits
+from proxy.limits.state import Window, get_state
 from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
 from proxy.server.backpressure import EXTENSION as BACKPRESSURE
@@ -93,19 +95,48 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 async def principal_of(scope: Mapping[str, Any]) -> Principal:
-    """The caller's principal; ``RequestError`` 401 for a bad key, 403 for a disabled tenant, 503 (retryable)
-    when the key is not known and the database cannot be asked."""
+    """The caller's principal; ``RequestError`` 401 for a key that cannot be used (unknown, revoked,
+    expired, or of a disabled tenant: all look the same, so a disabled tenant's key is not confirmed
+    valid), 429 once its address sent too many of them (``wrong_key_throttled``), 503 (retryable) when
+    the key is not known and the database cannot be asked."""
     try:
         return await authorize(api_key_from(scope))
     except AuthUnavailable:
         raise RequestError(503, "the key cannot be checked right now (the proxy's database is unavailable); "
                            "retry shortly", type="server_error", code="auth_unavailable",
                            retry_after=AUTH_RETRY_AFTER) from None
-    except KeyRefused as refused:
-        if refused.reason == "disabled":
-            raise RequestError(403, "this tenant is disabled", type="permission_error",
-                               code="tenant_disabled") from None
+    except KeyRefused:
+        await wrong_key_counted(scope)
         raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key") from None
+
+
+def client_address(scope: Mapping[str, Any]) -> str:
+    """The client's address: the peer's, or with ``TRUSTED_PROXY_COUNT`` = N > 0 the N-th entry from the
+    right of ``X-Forwarded-For`` (the one our own N-th proxy appended; what the client sent to the
+    left of it is never trusted)."""
+    count = int(settings.TRUSTED_PROXY_COUNT)
+    if count > 0:
+        forwarded = [p.strip() for p in header(scope, b"x-forwarded-for").split(",") if p.strip()]
+        if len(forwarded) >= count:
+            return forwarded[-count]
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def wrong_key_counted(scope: Mapping[str, Any]) -> None:
+    """Count one refused key for the client's address; ``RequestError`` 429 past
+    ``WRONG_KEY_LIMIT_PER_MINUTE`` (issue 15 item 6). Valid keys are never counted, so they are never
+    throttled, not even behind the NAT of an address that sends wrong ones."""
+    limit = int(settings.WRONG_KEY_LIMIT_PER_MINUTE)
+    if limit <= 0:
+        return
+    window = Window(f"wrong-key:{client_address(scope)}", 60, limit, 1)
+    verdict = await get_state().admit([window])
+    if not verdict.admitted:
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.NO_ROUTE, limit="wrong_key").inc()
+        retry = max(1.0, verdict.usage[0].reset)
+        raise RequestError(429, f"too many invalid API keys from this address; retry in {math.ceil(retry)} s",
+                           type="rate_limit_exceeded", code="wrong_key_throttled", retry_after=retry)
 
 
 class ProxyConsumer(AsyncConsumer):

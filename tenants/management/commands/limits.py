@@ -79,7 +79,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Limits of {holder}: {_shown(limits)}")
 
     def _show(self, tenant: Tenant, options: dict[str, Any]) -> None:
-        keys = [(f"{API_KEY_PREFIX}-{k.prefix}", k.limits()) for k in api_keys_for_tenant(tenant).order_by("created", "pk")]
+        rows = api_keys_for_tenant(tenant).order_by("created", "pk")
+        keys = [(f"{API_KEY_PREFIX}-{k.prefix}", k.limits()) for k in rows]
         if options["json"]:
             self.stdout.write(json.dumps({"tenant": tenant.name, "limits": tenant.limits().as_json(),
                                           "keys": [{"key": key, "limits": lim.as_json()} for key, lim in keys]}))
