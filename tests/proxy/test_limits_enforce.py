@@ -19,7 +19,10 @@ def state() -> MemoryState:
     return MemoryState(clock=lambda: NOW + 10)
 
 
-def who(tenant: Limits = Limits(), key: Limits = Limits()) -> tuple[int, int, Limits, Limits]:
+NONE = Limits()
+
+
+def who(tenant: Limits = NONE, key: Limits = NONE) -> tuple[int, int, Limits, Limits]:
     return (1, 2, tenant, key)
 
 
