@@ -218,7 +218,7 @@ def _exceeded(check: _Check, verdict: Verdict, estimate: int, headers: list[tupl
         period = "day (UTC)" if check.code == "daily_tokens" else "month (UTC)"
         return LimitExceeded(check.code, f"token budget spent: {whose} limit is {limit} tokens per {period}; "
                              f"it renews in {math.ceil(usage.reset)} s", quota=True, retry_after=None,
-                             headers=[*headers, (b"x-should-retry", b"false")])
+                             headers=headers)
     if check.code == "tpm" and estimate > limit:
         return LimitExceeded("tpm", f"request too large: about {estimate} input tokens, {whose} limit is {limit} "
                              "tokens per minute", quota=True, retry_after=None, headers=headers)
