@@ -134,6 +134,9 @@ LIMITS_REDIS_TIMEOUT_SECONDS = envfloat("LIMITS_REDIS_TIMEOUT_SECONDS", 0.05)
 LIMITS_REDIS_COOLDOWN_SECONDS = envfloat("LIMITS_REDIS_COOLDOWN_SECONDS", 2.0)
 #: Prefix of every Redis key of the limits (several deployments may share one Redis).
 LIMITS_KEY_PREFIX = envstr("LIMITS_KEY_PREFIX", "toolrelay:")
+#: A concurrency slot's lease: renewed by its process every third of this while the request runs, so a
+#: slot held by a process that died frees itself within this many seconds.
+LIMITS_LEASE_SECONDS = envfloat("LIMITS_LEASE_SECONDS", 30.0)
 #: How long a request over its key's concurrency cap waits in the key's queue before a 429 (seconds).
 LIMITS_CONCURRENCY_WAIT_SECONDS = envfloat("LIMITS_CONCURRENCY_WAIT_SECONDS", 2.0)
 #: Wrong API keys one client address may send per minute before its wrong keys get 429 (valid keys

@@ -240,8 +240,7 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     response = consumer.response
     assert response is not None
     estimate = max(1, len(body) // CHARS_PER_TOKEN)  # the client's bytes: O(1), no JSON encoding on the path
-    admission = await admitted(principal, estimate=estimate, deadline=plan.deadline,
-                               anthropic=dialect is ANTHROPIC_MESSAGES)
+    admission = await admitted(principal, estimate=estimate, anthropic=dialect is ANTHROPIC_MESSAGES)
     relayed: Relay | None = None
     try:
         response.extra_headers = admission.headers
@@ -255,12 +254,12 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
             schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
 
 
-async def admitted(principal: Principal, *, estimate: int, deadline: float, anthropic: bool) -> limits.Admission:
+async def admitted(principal: Principal, *, estimate: int, anthropic: bool) -> limits.Admission:
     """The request admitted by its key's and tenant's limits (``proxy.limits.enforce``); ``RequestError``
     429 over one (``error.code`` names it; a spent budget is ``insufficient_quota``, not retryable)."""
     try:
         return await limits.admit((principal.tenant_id, principal.api_key_id, principal.limits, principal.key_limits),
-                                  estimate=estimate, deadline=deadline, anthropic=anthropic)
+                                  estimate=estimate, anthropic=anthropic)
     except limits.LimitExceeded as exc:
         metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit=exc.code).inc()
         raise RequestError(429, exc.message, type=exc.type, code=exc.code, retry_after=exc.retry_after,

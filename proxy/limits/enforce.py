@@ -1,6 +1,6 @@
 """The limits on the request path: admit a request against its key's and its tenant's limits, then settle.
 
-``admit(principal, estimate=..., deadline=...)`` checks every limit set on the key and on its tenant
+``admit(principal, estimate=...)`` checks every limit set on the key and on its tenant
 in one shared-state call (``proxy.limits.state``): requests and tokens per minute (sliding windows),
 tokens per UTC day and month (calendar buckets), and concurrency (leases). Over a limit it raises
 ``LimitExceeded`` (HTTP 429 in the client's protocol, with ``Retry-After`` and the rate-limit headers);
@@ -35,8 +35,9 @@ from proxy import metrics
 from proxy.limits.config import Limits
 from proxy.limits.state import Lease, SharedState, Verdict, Window, WindowUsage, get_state
 
-#: Seconds a lease outlives its request's deadline (a dead process's slot frees itself after that).
-LEASE_MARGIN_SECONDS = 30.0
+#: How often this process renews the concurrency leases of its requests in flight (a fraction of
+#: ``LIMITS_LEASE_SECONDS``: a lease whose process died expires within that many seconds).
+RENEW_FRACTION = 1 / 3
 #: How often a request queued for a concurrency slot asks again (seconds), unless woken sooner.
 QUEUE_POLL_SECONDS = 0.05
 
@@ -124,9 +125,44 @@ class Admission:
         if delta and self.token_windows:
             await self.state.add([(w, delta) for w in self.token_windows])
         if self.leases:
+            _renewer.drop(self.leases)
             await self.state.release(self.leases)
             for lease in self.leases:
                 _queue(lease.name).wake()
+
+
+class _Renewer:
+    """Keeps the leases of this process's requests in flight alive: every ``LIMITS_LEASE_SECONDS`` / 3 one
+    ``renew`` call for all of them (one round trip), so a lease lasts as long as its request and a dead
+    process's leases expire within ``LIMITS_LEASE_SECONDS``."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, str], tuple[SharedState, Lease]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, state: SharedState, leases: Sequence[Lease]) -> None:
+        for lease in leases:
+            self.held[(id(state), lease.holder)] = (state, lease)
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.task = loop.create_task(self._run())
+
+    def drop(self, leases: Sequence[Lease]) -> None:
+        holders = {lease.holder for lease in leases}
+        for key in [k for k in self.held if k[1] in holders]:
+            del self.held[key]
+
+    async def _run(self) -> None:
+        while self.held:
+            await asyncio.sleep(float(settings.LIMITS_LEASE_SECONDS) * RENEW_FRACTION)
+            by_state: dict[int, tuple[SharedState, list[Lease]]] = {}
+            for state, lease in list(self.held.values()):
+                by_state.setdefault(id(state), (state, []))[1].append(lease)
+            for state, leases in by_state.values():
+                await state.renew(leases)  # fails open (never raises): the leases then expire on their own
+
+
+_renewer = _Renewer()
 
 
 class _KeyQueue:
@@ -155,18 +191,19 @@ def _queue(name: str) -> _KeyQueue:
     return queue
 
 
-async def admit(principal_limits: tuple[int, int, Limits, Limits], *, estimate: int, deadline: float,
-                anthropic: bool = False, state: SharedState | None = None) -> Admission:
+async def admit(principal_limits: tuple[int, int, Limits, Limits], *, estimate: int, anthropic: bool = False,
+                state: SharedState | None = None) -> Admission:
     """Admit one request of key ``api_key_id`` in tenant ``tenant_id`` (``principal_limits`` =
-    ``(tenant_id, api_key_id, tenant limits, key limits)``) costing ``estimate`` tokens, whose deadline
-    is ``deadline`` seconds away; ``LimitExceeded`` when over a limit (after the concurrency queue).
+    ``(tenant_id, api_key_id, tenant limits, key limits)``) costing ``estimate`` tokens; ``LimitExceeded``
+    when over a limit (after the concurrency queue). Its leases last ``LIMITS_LEASE_SECONDS`` and are
+    renewed while the request runs (``_Renewer``).
     ``anthropic`` picks Anthropic's header names."""
     tenant_id, key_id, tenant_limits, key_limits = principal_limits
     state = state or get_state()
     if not tenant_limits.any and not key_limits.any:
         return Admission(state, estimate)
     now = state.clock()
-    ttl = deadline + LEASE_MARGIN_SECONDS
+    ttl = float(settings.LIMITS_LEASE_SECONDS)
     checks = [*_checks("k", key_id, "key", key_limits, estimate=estimate, lease_ttl=ttl, now=now),
               *_checks("t", tenant_id, "tenant", tenant_limits, estimate=estimate, lease_ttl=ttl, now=now)]
     windows = tuple(c.window for c in checks if c.window is not None)
@@ -179,6 +216,8 @@ async def admit(principal_limits: tuple[int, int, Limits, Limits], *, estimate: 
         check = next(c for c in checks if verdict.refused in (c.window, c.lease))
         raise _exceeded(check, verdict, estimate, headers)
     tokens = tuple(w for w in windows if not w.name.endswith(":rpm"))
+    if leases:
+        _renewer.add(state, leases)
     return Admission(state, estimate, tokens, leases, headers)
 
 

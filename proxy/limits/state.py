@@ -150,6 +150,11 @@ class SharedState(ABC):
         """Give the leases back (a lease already expired is no error)."""
 
     @abstractmethod
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        """Extend the leases still held to ``ttl`` seconds from now (one round trip); an expired lease is
+        not taken again."""
+
+    @abstractmethod
     async def remember(self, key: str, value: str, ttl: float) -> None:
         """Keep ``value`` under ``key`` for ``ttl`` seconds."""
 
@@ -224,11 +229,11 @@ class MemoryState(SharedState):
         with self._lock:
             self._sweep(now)
             refused: Window | Lease | None = None
-            used: list[int] = []
+            used: list[float] = []
             for w in windows:
                 current, previous, weight, _ = w.buckets(now)
                 u = self._count(f"{w.name}:{current}", now) + (
-                    math.floor(self._count(f"{w.name}:{previous}", now) * weight) if weight > 0 else 0)
+                    self._count(f"{w.name}:{previous}", now) * weight if weight > 0 else 0.0)
                 used.append(u)
                 if refused is None and _over(w, u):
                     refused = w
@@ -243,7 +248,7 @@ class MemoryState(SharedState):
                 for i, lease in enumerate(leases):
                     self._leases[lease.name][lease.holder] = now + lease.ttl
                     held[i] += 1
-        return Verdict(refused, _usage(windows, used, now), tuple(held))
+        return Verdict(refused, _usage(windows, [_ceil(u) for u in used], now), tuple(held))
 
     def _bump(self, w: Window, delta: int, now: float) -> None:
         key = f"{w.name}:{w.buckets(now)[0]}"
@@ -259,6 +264,14 @@ class MemoryState(SharedState):
         with self._lock:
             for lease in leases:
                 self._leases.get(lease.name, {}).pop(lease.holder, None)
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        now = self.clock()
+        with self._lock:
+            for lease in leases:
+                holders = self._held(lease.name, now)
+                if lease.holder in holders:
+                    holders[lease.holder] = now + lease.ttl
 
     async def remember(self, key: str, value: str, ttl: float) -> None:
         now = self.clock()
@@ -304,10 +317,17 @@ class MemoryState(SharedState):
             self._subscribers.setdefault(channel, []).append(callback)
 
 
-def _over(w: Window, used: int) -> bool:
+_EPS = 1e-9
+
+
+def _over(w: Window, used: float) -> bool:
     if w.limit is None:
         return False
-    return used + w.cost > w.limit if w.strict else used >= w.limit
+    return used + w.cost > w.limit + _EPS if w.strict else used >= w.limit - _EPS
+
+
+def _ceil(used: float) -> int:
+    return math.ceil(used - _EPS)
 
 
 def _usage(windows: Sequence[Window], used: Sequence[int], now: float) -> tuple[WindowUsage, ...]:
@@ -319,7 +339,10 @@ def _usage(windows: Sequence[Window], used: Sequence[int], now: float) -> tuple[
 #: KEYS: per window its current and previous bucket, then one sorted set per lease.
 #: ARGV: now, #windows, #leases; per window: limit (-1: none), cost, weight, strict (1/0), ttl (ms);
 #: per lease: limit (-1: none), holder, expires at. Returns {refused (1-based, 0: admitted), used, held}.
+#: A sliding window's count is fractional (the previous bucket weighted): compared as such, reported
+#: rounded up (``_over`` and ``_ceil`` do the same in memory).
 _ADMIT = """
+local EPS = 1e-9
 local now = tonumber(ARGV[1])
 local nw, nl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local used, held, refused = {}, {}, 0
@@ -327,10 +350,12 @@ local a = 4
 for i = 1, nw do
   local limit, cost, weight = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local u = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
-  if weight > 0 then u = u + math.floor(tonumber(redis.call('GET', KEYS[2 * i]) or '0') * weight) end
+  if weight > 0 then u = u + tonumber(redis.call('GET', KEYS[2 * i]) or '0') * weight end
   used[i] = u
   if refused == 0 and limit >= 0 then
-    if (ARGV[a + 3] == '1' and u + cost > limit) or (ARGV[a + 3] ~= '1' and u >= limit) then refused = i end
+    if (ARGV[a + 3] == '1' and u + cost > limit + EPS) or (ARGV[a + 3] ~= '1' and u >= limit - EPS) then
+      refused = i
+    end
   end
   a = a + 5
 end
@@ -362,6 +387,7 @@ if refused == 0 then
     a = a + 3
   end
 end
+for i = 1, nw do used[i] = math.ceil(used[i] - EPS) end
 return {refused, used, held}
 """
 
@@ -481,6 +507,19 @@ class RedisState(SharedState):
                 await pipe.execute()
         if leases:
             await self._call("release", run, None)
+
+    async def renew(self, leases: Sequence[Lease]) -> None:
+        now = self.clock()
+
+        async def run() -> None:
+            async with self._client().pipeline(transaction=False) as pipe:
+                for lease in leases:
+                    name = self._k(f"l:{lease.name}")
+                    pipe.zadd(name, {lease.holder: now + lease.ttl}, xx=True)
+                    pipe.pexpire(name, math.ceil(lease.ttl * 1000) + 1000, gt=True)
+                await pipe.execute()
+        if leases:
+            await self._call("renew", run, None)
 
     # -- values and lists --
 

@@ -73,8 +73,19 @@ async def test_it_slides_the_window(state: SharedState, clock: Clock) -> None:
     clock.now += 60 + 15  # a quarter into the next bucket: 3/4 of the previous one still counts
     verdict = await state.admit([rpm(4)])
     assert verdict.refused is None and verdict.usage[0].used == 3 + 1
-    clock.now += 60  # two buckets on: nothing left
+    clock.now += 60  # the one admitted a bucket ago still counts 3/4 (a fraction, rounded up: 1)
+    assert (await state.admit([rpm(4)])).usage[0].used == 1 + 1
+    clock.now += 120  # two buckets on: nothing left
     assert (await state.admit([rpm(4)])).usage[0].used == 1
+
+
+async def test_a_count_just_before_a_bucket_boundary_still_counts_just_after(state: SharedState,
+                                                                           clock: Clock) -> None:
+    """Right after a boundary the previous bucket weighs almost fully: never dropped by rounding."""
+    clock.now = 1_800_000_000.0 - (1_800_000_000.0 % 60) + 59.9
+    assert (await state.admit([rpm(1)])).admitted
+    clock.now += 0.2
+    assert (await state.admit([rpm(1)])).refused is not None
 
 
 async def test_a_budget_serves_the_request_that_crosses_it_then_refuses(state: SharedState) -> None:
@@ -109,6 +120,18 @@ async def test_leases_cap_concurrency_and_free_on_release_or_expiry(state: Share
     assert (await state.admit([], [third])).admitted
     clock.now += 31  # the holders died: their slots expire
     assert (await state.admit([], [Lease("k:1:conc", 1, ttl=30)])).admitted
+
+
+async def test_a_renewed_lease_outlives_its_ttl_an_expired_one_is_not_taken_again(state: SharedState,
+                                                                                   clock: Clock) -> None:
+    kept, lapsed = Lease("k:1:conc", 2, ttl=30), Lease("k:1:conc", 2, ttl=30)
+    await state.admit([], [kept])
+    await state.admit([], [lapsed])
+    clock.now += 20
+    await state.renew([kept])
+    clock.now += 20  # 40 s after admission: the renewed one holds, the other expired
+    await state.renew([lapsed])
+    assert (await state.admit([], [Lease("k:1:conc", 2, ttl=30)])).held == (2,)  # kept + the new one
 
 
 async def test_a_refused_lease_counts_no_window(state: SharedState) -> None:
@@ -204,6 +227,7 @@ async def _every_call(state: SharedState) -> list[Any]:
     verdict = await state.admit([rpm(0)], [Lease("c", 0, 5)])
     await state.add([(rpm(1), 5)])
     await state.release([Lease("c", 1, 5)])
+    await state.renew([Lease("c", 1, 5)])
     await state.remember("a", "b", 5)
     recalled = await state.recall("a")
     await state.append("l", "x", 5)
