@@ -120,6 +120,8 @@ class FindingKind(enum.StrEnum):
     TOOL_CALL_ID_REPEATED = "tool-call-id-repeated"  # same id re-sent on a continuation delta
     TOOL_CALL_INDEX_GAP = "tool-call-index-gap"  # indexes not 0-based / not contiguous
     GUARD_INTERNAL_ERROR = "guard-internal-error"  # a bug in the guard: the attempt is retried, never passed on
+    # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (proxy/guard/loops.py).
+    AGENT_LOOP = "agent-loop"
 
 
 @dataclass(frozen=True, slots=True)
