@@ -125,6 +125,20 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer"
                               "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30}}
                   if REDIS_URL else {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+
+# ----- limits (proxy.limits): shared state in Redis when REDIS_URL is set, else in process memory -----
+
+#: Deadline of one Redis call of the limits (seconds); past it, or on any error, limits fail open.
+LIMITS_REDIS_TIMEOUT_SECONDS = envfloat("LIMITS_REDIS_TIMEOUT_SECONDS", 0.05)
+#: After a failed Redis call, no call is tried for this long (seconds): the circuit breaker.
+LIMITS_REDIS_COOLDOWN_SECONDS = envfloat("LIMITS_REDIS_COOLDOWN_SECONDS", 2.0)
+#: Prefix of every Redis key of the limits (several deployments may share one Redis).
+LIMITS_KEY_PREFIX = envstr("LIMITS_KEY_PREFIX", "toolrelay:")
+#: How long a request over its key's concurrency cap waits in the key's queue before a 429 (seconds).
+LIMITS_CONCURRENCY_WAIT_SECONDS = envfloat("LIMITS_CONCURRENCY_WAIT_SECONDS", 2.0)
+#: Wrong API keys one client address may send per minute before its wrong keys get 429 (valid keys
+#: are never throttled). 0 turns the throttle off.
+WRONG_KEY_LIMIT_PER_MINUTE = envint("WRONG_KEY_LIMIT_PER_MINUTE", 30)
 # With no broker, tasks run in process (eagerly); see docs/deployment.md.
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 CELERY_TASK_EAGER_PROPAGATES = False

@@ -70,6 +70,12 @@ JOURNAL_DROPPED = Counter("toolrelay_journal_dropped_total",
                           "Audit journal parts dropped at its bound or refused by the database, by what.", ["what"])
 DATABASE_UP = Gauge("toolrelay_database_up", "1 while the journal writer's last database call worked.",
                     multiprocess_mode="livemin")
+LIMITS_FAIL_OPEN = Counter("toolrelay_limits_fail_open_total",
+                           "Shared-state (Redis) calls of the limits not made or failed, answered as if no limit "
+                           "applied, by operation (admit, add, release, remember, recall, append, recent, "
+                           "publish).", ["op"])
+LIMITS_REFUSED = Counter("toolrelay_limits_refused_total", "Requests refused by a limit, by tenant and limit "
+                         "(rpm, tpm, concurrency, daily_tokens, monthly_tokens, wrong_key).", ["tenant", "limit"])
 CLIENT_TTFT = Histogram("toolrelay_client_ttft_seconds", "Time from request to first byte sent to the client.",
                         ["path"], buckets=_TTFT_BUCKETS)
 _UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",
