@@ -26,6 +26,7 @@ from django.conf import settings
 
 from proxy import not_found as unknown_path
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
+from proxy.guard.loops import session_id
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.relay import Relay, RelayCall
@@ -202,7 +203,10 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     assert response is not None
     call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
                      protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"),
-                     dropped=prepared.dropped)
+                     dropped=prepared.dropped,
+                     session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
+                                        key=principal.api_key_id, messages=prepared.request.body.get("messages"))
+                     if prepared.request.guarded else "")
     await Relay(call, response, get_client()).run()
 
 

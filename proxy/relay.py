@@ -32,6 +32,7 @@ from proxy.guard.emit import Emitter
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.request import ChatRequest
 from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.loop_breaker import LoopBreaker
 from proxy.paths import Attempted, Guarded, NonStream, PassThrough
 from proxy.response import ClientResponse
 from proxy.upstream import DeadlineExceeded, UpstreamClient
@@ -54,6 +55,7 @@ class RelayCall:
     protocol: str = "openai-chat"
     user_agent: str = ""
     dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
+    session: str = ""  # the agent session (``proxy.guard.loops.session_id``); "" = none known
 
     @property
     def forwards_raw(self) -> bool:
@@ -107,6 +109,9 @@ class Relay:
         #: What the client got at the end (``audit.delivered``), set by the path that answered; None for
         #: bytes passed through unchanged.
         self.delivered: dict[str, Any] | None = None
+        #: The loop breaker of a guarded request (None for the others).
+        self.loops = LoopBreaker(session=call.session, messages=call.request.body.get("messages"),
+                                 policy=call.plan.policy) if call.request.guarded else None
 
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
@@ -149,6 +154,11 @@ class Relay:
                             checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
                             request_id=str(self.response.request_id))
         self.outcome, self.error = answer.outcome, answer.audit_error
+        if answer.outcome is RequestOutcome.EXHAUSTED and self.loops is not None:
+            stuck = await self.loops.check_exhausted()
+            if stuck is not None:
+                await path.stuck(stuck)
+                return
         await path.give_up(answer)
 
     async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
@@ -224,6 +234,7 @@ class Relay:
             completion_tokens=sum(a.completion_tokens for a in attempts),
             wasted_completion_tokens=sum(a.completion_tokens for a in wasted),
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error, delivered=self.delivered,
+            findings=tuple(f for f in (self.loops.finding() if self.loops is not None else None,) if f is not None),
         )
         added = None
         if good is not None and good.duration_ms is not None and result.total_ms is not None:

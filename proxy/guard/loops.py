@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,8 +128,9 @@ def history_steps(messages: Any, policy: GuardPolicy) -> tuple[list[Step], int]:
         i += 1
         if not isinstance(message, dict) or message.get("role") != "assistant":
             continue
-        raw_calls = message.get("tool_calls")
-        calls = [c for c in (_call(r) for r in raw_calls) if c is not None] if isinstance(raw_calls, list) else []
+        raw = message.get("tool_calls")
+        raw_calls: list[Any] = raw if isinstance(raw, list) else []
+        calls = [c for c in (_call(r) for r in raw_calls) if c is not None]
         if not calls:
             text = _text(message.get("content"))
             exhausted = exhausted + 1 if text.startswith(EXHAUSTION_PREFIX) else 0
@@ -245,7 +246,7 @@ SESSION_HEADERS = (b"x-claude-code-session-id", b"session_id", b"conversation_id
                    b"x-opencode-session", b"x-session-id")
 
 
-def session_id(headers: Sequence[tuple[bytes, bytes]], *, tenant: int, key: int | None,
+def session_id(headers: Iterable[tuple[bytes, bytes]], *, tenant: int, key: int | None,
                messages: Any) -> str:
     """The agent session's id: ``h:`` + the client's session header (hashed with the tenant and key, so
     two tenants never share a session), else ``c:`` + a hash of tenant, key, system prompt and first
