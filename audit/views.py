@@ -172,12 +172,13 @@ SOCKET_PATH = "/admin/audit/incidents/ws"
 
 
 def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
-    """The newest exhausted and retried requests and broken loops of the last ``RECENT`` (newest first),
+    """The newest exhausted and retried requests, broken loops and spent retry budgets of the last ``RECENT``
+    (newest first),
     shaped as the feed's incidents."""
     since = timezone.now() - RECENT
     rows = ProxyRequest.objects.filter(created__gte=since, outcome__in=[ProxyRequest.Outcome.EXHAUSTED,
                                                                          ProxyRequest.Outcome.RECOVERED])
-    loops = Finding.objects.filter(created__gte=since, kind="agent-loop")
+    loops = Finding.objects.filter(created__gte=since, kind__in=["agent-loop", "retry-budget-spent"])
     if tenant_ids is not None:
         rows, loops = rows.filter(tenant_id__in=tenant_ids), loops.filter(tenant_id_copy__in=tenant_ids)
     found = []
@@ -190,7 +191,9 @@ def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
                               tenant_id=row.tenant_id, request_id=str(row.pk), upstream_id=row.upstream_id,
                               detail=row.error if exhausted else "", at=when.timestamp()))
     for finding in loops.select_related("request").order_by("-created")[:RECENT_MAX]:
-        found.append(incident("loop-broken", "warning", "An agent loop was broken", tenant_id=finding.tenant_id_copy,
+        kind, title = (("loop-broken", "An agent loop was broken") if finding.kind == "agent-loop" else
+                       ("retry-budget", "The tenant's retry budget is spent: broken answers get one attempt"))
+        found.append(incident(kind, "warning", title, tenant_id=finding.tenant_id_copy,
                               request_id=str(finding.request_id), upstream_id=finding.request.upstream_id,
                               detail=finding.detail, at=finding.created.timestamp()))
     return sorted(found, key=lambda i: -i["at"])[:RECENT_MAX]

@@ -19,6 +19,7 @@ import logging
 
 from django.conf import settings
 
+from proxy import metrics
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.loops import (
     Step,
@@ -84,6 +85,8 @@ class LoopBreaker:
         steps = await self._load()
         key = turn_key(turn, self.policy)
         self.stuck = check_turn(steps, key, self.policy)
+        if self.stuck is not None:
+            metrics.LOOPS_BROKEN.labels(rule=self.stuck.rule).inc()
         await self._save([*steps, Step("" if self.stuck is not None else key)], 0)
         return self.stuck
 
@@ -94,6 +97,8 @@ class LoopBreaker:
             return None
         steps = await self._load()
         self.stuck = check_exhausted(self._exhausted, self.policy)
+        if self.stuck is not None:
+            metrics.LOOPS_BROKEN.labels(rule=self.stuck.rule).inc()
         await self._save([*steps, Step("")], 0 if self.stuck is not None else self._exhausted + 1)
         return self.stuck
 

@@ -122,6 +122,8 @@ class FindingKind(enum.StrEnum):
     GUARD_INTERNAL_ERROR = "guard-internal-error"  # a bug in the guard: the attempt is retried, never passed on
     # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (proxy/guard/loops.py).
     AGENT_LOOP = "agent-loop"
+    # The tenant's retry budget was spent: a broken answer got no further attempt (proxy/retry_budget.py).
+    RETRY_BUDGET_SPENT = "retry-budget-spent"
 
 
 @dataclass(frozen=True, slots=True)

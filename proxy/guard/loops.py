@@ -133,7 +133,7 @@ def history_steps(messages: Any, policy: GuardPolicy) -> tuple[list[Step], int]:
         calls = [c for c in (_call(r) for r in raw_calls) if c is not None]
         if not calls:
             text = _text(message.get("content"))
-            exhausted = exhausted + 1 if text.startswith(EXHAUSTION_PREFIX) else 0
+            exhausted = exhausted + 1 if EXHAUSTION_PREFIX in text else 0  # after streamed text too
             steps.append(Step(""))
             continue
         exhausted = 0
