@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -24,11 +25,15 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
+from proxy import metrics
 from proxy import not_found as unknown_path
+from proxy.background import schedule
 from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
 from proxy.guard.loops import session_id
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
+from proxy.limits import enforce as limits
+from proxy.limits.state import Window, get_state
 from proxy.relay import Relay, RelayCall
 from proxy.response import ClientResponse
 from proxy.server.backpressure import EXTENSION as BACKPRESSURE
@@ -40,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a client is asked to wait when its key cannot be checked (the database is unavailable).
 AUTH_RETRY_AFTER = 5.0
+#: Bytes of an upstream answer per output token when it reported no usage (SSE framing included; a rough,
+#: deliberately high estimate for token limits).
+OUTPUT_BYTES_PER_TOKEN = 16
 
 
 class RequestError(Exception):
@@ -49,10 +57,13 @@ class RequestError(Exception):
     """
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, retry_after: float | None = None) -> None:
+                 param: str | None = None, code: str | None = None, retry_after: float | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None, should_retry: bool | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.retry_after = retry_after
+        self.headers = headers or []
+        self.should_retry = retry_after is not None if should_retry is None else should_retry
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str:
@@ -85,19 +96,48 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 async def principal_of(scope: Mapping[str, Any]) -> Principal:
-    """The caller's principal; ``RequestError`` 401 for a bad key, 403 for a disabled tenant, 503 (retryable)
-    when the key is not known and the database cannot be asked."""
+    """The caller's principal; ``RequestError`` 401 for a key that cannot be used (unknown, revoked,
+    expired, or of a disabled tenant: all look the same, so a disabled tenant's key is not confirmed
+    valid), 429 once its address sent too many of them (``wrong_key_throttled``), 503 (retryable) when
+    the key is not known and the database cannot be asked."""
     try:
         return await authorize(api_key_from(scope))
     except AuthUnavailable:
         raise RequestError(503, "the key cannot be checked right now (the proxy's database is unavailable); "
                            "retry shortly", type="server_error", code="auth_unavailable",
                            retry_after=AUTH_RETRY_AFTER) from None
-    except KeyRefused as refused:
-        if refused.reason == "disabled":
-            raise RequestError(403, "this tenant is disabled", type="permission_error",
-                               code="tenant_disabled") from None
+    except KeyRefused:
+        await wrong_key_counted(scope)
         raise RequestError(401, "invalid API key", type="authentication_error", code="invalid_api_key") from None
+
+
+def client_address(scope: Mapping[str, Any]) -> str:
+    """The client's address: the peer's, or with ``TRUSTED_PROXY_COUNT`` = N > 0 the N-th entry from the
+    right of ``X-Forwarded-For`` (the one our own N-th proxy appended; what the client sent to the
+    left of it is never trusted)."""
+    count = int(settings.TRUSTED_PROXY_COUNT)
+    if count > 0:
+        forwarded = [p.strip() for p in header(scope, b"x-forwarded-for").split(",") if p.strip()]
+        if len(forwarded) >= count:
+            return forwarded[-count]
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def wrong_key_counted(scope: Mapping[str, Any]) -> None:
+    """Count one refused key for the client's address; ``RequestError`` 429 past
+    ``WRONG_KEY_LIMIT_PER_MINUTE`` (issue 15 item 6). Valid keys are never counted, so they are never
+    throttled, not even behind the NAT of an address that sends wrong ones."""
+    limit = int(settings.WRONG_KEY_LIMIT_PER_MINUTE)
+    if limit <= 0:
+        return
+    window = Window(f"wrong-key:{client_address(scope)}", 60, limit, 1)
+    verdict = await get_state().admit([window])
+    if not verdict.admitted:
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.NO_ROUTE, limit="wrong_key").inc()
+        retry = max(1.0, verdict.usage[0].reset)
+        raise RequestError(429, f"too many invalid API keys from this address; retry in {math.ceil(retry)} s",
+                           type="rate_limit_exceeded", code="wrong_key_throttled", retry_after=retry)
 
 
 class ProxyConsumer(AsyncConsumer):
@@ -161,9 +201,8 @@ class ProxyConsumer(AsyncConsumer):
                 raise RequestError(405, f"method {self.scope.get('method')} not allowed", code="method_not_allowed")
             await endpoint.serve(self, body)
         except RequestError as exc:
-            retryable = exc.retry_after is not None
             await response.error(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code,
-                                 should_retry=retryable, retry_after=exc.retry_after)
+                                 should_retry=exc.should_retry, retry_after=exc.retry_after, headers=exc.headers)
         except RequestInvalid as exc:
             await response.error(400, exc.message, type="invalid_request_error", param=exc.param, code=exc.code)
         except asyncio.CancelledError:
@@ -201,13 +240,43 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
                            param="model", code="model_not_found", type=dialect.not_found_type)
     response = consumer.response
     assert response is not None
+    estimate = estimate_tokens(prepared.request.body)
+    admission = await admitted(principal, estimate=estimate, deadline=plan.deadline,
+                               anthropic=dialect is ANTHROPIC_MESSAGES)
+    response.extra_headers = admission.headers
     call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
                      protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"),
                      dropped=prepared.dropped,
                      session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
                                         key=principal.api_key_id, messages=prepared.request.body.get("messages"))
                      if prepared.request.guarded else "")
-    await Relay(call, response, get_client()).run()
+    relayed = Relay(call, response, get_client())
+    try:
+        await relayed.run()
+    finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens
+        schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
+
+
+async def admitted(principal: Principal, *, estimate: int, deadline: float, anthropic: bool) -> limits.Admission:
+    """The request admitted by its key's and tenant's limits (``proxy.limits.enforce``); ``RequestError``
+    429 over one (``error.code`` names it; a spent budget is ``insufficient_quota``, not retryable)."""
+    try:
+        return await limits.admit((principal.tenant_id, principal.api_key_id, principal.limits, principal.key_limits),
+                                  estimate=estimate, deadline=deadline, anthropic=anthropic)
+    except limits.LimitExceeded as exc:
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit=exc.code).inc()
+        raise RequestError(429, exc.message, type=exc.type, code=exc.code, retry_after=exc.retry_after,
+                           headers=exc.headers, should_retry=not exc.quota) from None
+
+
+def tokens_of(relayed: Relay, estimate: int) -> int | None:
+    """Input + output tokens of every attempt (retries cost too) from their usage; None when no attempt
+    reported usage (the admission's estimate stands; see ``proxy.limits.enforce``)."""
+    attempts = relayed.log.all
+    if not any(a.prompt_tokens or a.completion_tokens for a in attempts):
+        received = sum(a.bytes_received or 0 for a in attempts)
+        return None if not received else estimate * max(1, len(attempts)) + received // OUTPUT_BYTES_PER_TOKEN
+    return sum(a.prompt_tokens + a.completion_tokens for a in attempts)
 
 
 async def models(consumer: ProxyConsumer, body: bytes) -> None:

@@ -79,6 +79,9 @@ LIMITS_FAIL_OPEN = Counter("toolrelay_limits_fail_open_total",
                            "publish).", ["op"])
 LIMITS_REFUSED = Counter("toolrelay_limits_refused_total", "Requests refused by a limit, by tenant and limit "
                          "(rpm, tpm, concurrency, daily_tokens, monthly_tokens, wrong_key).", ["tenant", "limit"])
+LIMITS_TOKENS = Counter("toolrelay_limits_tokens_total", "Tokens counted against token limits, by tenant and source "
+                        "(usage: the answer's usage; estimate: no usage came back, estimated from the request "
+                        "and the bytes received).", ["tenant", "source"])
 CLIENT_TTFT = Histogram("toolrelay_client_ttft_seconds", "Time from request to first byte sent to the client.",
                         ["path"], buckets=_TTFT_BUCKETS)
 _UPSTREAM_TTFB = Histogram("toolrelay_upstream_ttfb_seconds", "Time from upstream call to its first body byte.",

@@ -80,6 +80,8 @@ class ClientResponse:
         self._lock = asyncio.Lock()  # uncontended but for the ticker: one acquire per phase change
         self._ticker: asyncio.Task[None] | None = None
         self._last_send = 0.0
+        #: Headers every response of this request carries (the limits' ``x-ratelimit-*``), set before the commit.
+        self.extra_headers: list[tuple[bytes, bytes]] = []
 
     @property
     def committed(self) -> bool:
@@ -105,7 +107,8 @@ class ClientResponse:
             raise ResponseStateError(f"response already started (phase {self.phase.value})")
         self.phase, self.status = Phase.COMMITTED, status
         await self._send({"type": "http.response.start", "status": status,
-                          "headers": [*headers, (b"x-request-id", str(self.request_id).encode())]})
+                          "headers": [*headers, *self.extra_headers,
+                                      (b"x-request-id", str(self.request_id).encode())]})
 
     async def commit_stream(self) -> None:
         """Commit a 200 event stream (SSE headers, then the emitter's opening bytes) unless committed."""
@@ -160,19 +163,19 @@ class ClientResponse:
 
     async def error(self, status: int, message: str, *, type: str, code: str | None = None,
                     param: str | None = None, should_retry: bool | None = False,
-                    retry_after: float | None = None) -> None:
+                    retry_after: float | None = None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         """An error in the client's protocol; the message always carries the request id.
 
         Before the commit: HTTP ``status`` with the dialect's error body (and ``Retry-After`` in whole
-        seconds when given). After it (the commit deadline committed the stream meanwhile): the
+        seconds when given, then ``headers``). After it (the commit deadline committed the stream meanwhile): the
         emitter's in-stream error, ending the stream.
         """
         text = f"{message} (request id: {self.request_id})"
         async with self._lock:
             if self.phase is Phase.NOT_STARTED:
                 body = self.error_body(status, text, type=type, param=param, code=code)
-                headers = [(b"retry-after", str(max(1, math.ceil(retry_after))).encode())] if retry_after else []
-                await self.send_json(status, body, should_retry=should_retry, headers=headers)
+                extra = [(b"retry-after", str(max(1, math.ceil(retry_after))).encode())] if retry_after else []
+                await self.send_json(status, body, should_retry=should_retry, headers=[*extra, *(headers or [])])
                 return
         await self.end_with_error(UpstreamError(status, text, type, code=code))
 

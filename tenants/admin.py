@@ -28,7 +28,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from tenants import crypto
+from proxy.limits.config import LIMIT_NAMES
+from tenants import crypto, revocation
 from tenants.admin_site import register_login_trail
 from tenants.models import (
     ApiKey,
@@ -213,13 +214,17 @@ class PolicyAdminMixin:
         return policy_summary(obj, self.policy_tenant(obj))
 
 
+LIMITS_HELP = ("Empty: no limit; 0 blocks. Over a rate the client gets HTTP 429 with Retry-After; over a day's or "
+               "month's tokens a 429 insufficient_quota that agents do not retry.")
+
+
 class TenantForm(PolicyFormMixin):
     """Offers only the tenant's own upstreams as its default upstream; policy fields say what
     "inherit" means (the product defaults)."""
 
     class Meta:
         model = Tenant
-        fields = ("name", "slug", "active", "default_upstream", *PolicyFields.POLICY_FIELDS)
+        fields = ("name", "slug", "active", "default_upstream", *PolicyFields.POLICY_FIELDS, *LIMIT_NAMES)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -246,8 +251,16 @@ class TenantAdmin(PolicyAdminMixin, TenantScopedAdmin[Tenant]):
         (None, {"fields": ("name", "slug", "active", "default_upstream", "created")}),
         ("Guard policy defaults", {"fields": PolicyFields.POLICY_FIELDS,
                                    "description": POLICY_HELP.format("toolrelay's default")}),
+        ("Limits", {"fields": LIMIT_NAMES, "description": LIMITS_HELP}),
     )
     inlines = (ApiKeyInline,)
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        """Save, then tell every proxy process its cached principals of this tenant are stale (limits,
+        disabled)."""
+        super().save_model(request, obj, form, change)
+        if change:
+            revocation.tenant_changed(obj.pk)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         usable = Q(api_keys__revoked_at__isnull=True) & (Q(api_keys__expires__isnull=True)
@@ -318,8 +331,17 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
     search_fields = ("name", "prefix")
     list_select_related = ("tenant",)
     actions = ("revoke",)
-    fields = ("tenant", "key", "name", "created", "last_used", "expires", "revoked_at")
+    fieldsets = (
+        (None, {"fields": ("tenant", "key", "name", "created", "last_used", "expires", "revoked_at")}),
+        ("Limits", {"fields": LIMIT_NAMES, "description": LIMITS_HELP + " A key's limits apply within its "
+                    "tenant's and may not be above them."}),
+    )
     readonly_fields = ("tenant", "key", "created", "last_used", "revoked_at")
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        """Save (``ApiKey.clean`` refused limits above the tenant's), then tell every proxy process."""
+        super().save_model(request, obj, form, change)
+        revocation.tenant_changed(obj.tenant_id)
 
     @admin.display(description="key", ordering="prefix")
     def key(self, obj: ApiKey) -> str:
@@ -349,8 +371,9 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
             # Bulk actions write no history by themselves: one entry per key, as a change page would.
             self.log_change(request, key, "Revoked (action “Revoke the selected API keys”).")
             count += 1
-        self.message_user(request, f"Revoked {count} API key(s). Running proxy processes refuse them within "
-                                   f"{settings.AUTH_CACHE_SECONDS:g} s.", messages.SUCCESS)
+        self.message_user(request, f"Revoked {count} API key(s). Running proxy processes are told at once "
+                                   f"(within {settings.AUTH_CACHE_SECONDS:g} s if the broadcast is lost).",
+                          messages.SUCCESS)
 
     def add_view(self, request: HttpRequest, form_url: str = "",
                  extra_context: dict[str, Any] | None = None) -> HttpResponse:

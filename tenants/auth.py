@@ -38,7 +38,8 @@ from proxy.background import schedule
 from proxy.dbcall import bounded
 from proxy.guard.policy import GuardPolicy
 from proxy.learned import LearnedFact
-from tenants import last_good
+from proxy.limits.config import Limits
+from tenants import last_good, revocation
 from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream, UpstreamLearnedLimit
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ class Principal:
     routes: tuple[Route, ...]
     default_target: UpstreamTarget | None  # the tenant's default upstream (enabled), model name unset
     policy: GuardPolicy  # the tenant's own policy (routes carry theirs)
+    limits: Limits = Limits()  # the tenant's limits (proxy.limits.config)
+    key_limits: Limits = Limits()  # the key's own, within the tenant's
 
     def resolve(self, model: str) -> RoutePlan | None:
         """The plan for ``model``: an exact route, else the most specific matching glob (longest
@@ -199,7 +202,8 @@ def _principal(key: ApiKey) -> Principal:
     default = tenant.default_upstream if tenant.default_upstream_id else None
     usable = default is not None and default.tenant_id == tenant.pk and default.enabled
     return Principal(tenant.pk, tenant.slug, tenant.active, key.pk, tuple(routes),
-                     _target(default, learned) if usable and default is not None else None, tenant.policy())
+                     _target(default, learned) if usable and default is not None else None, tenant.policy(),
+                     tenant.limits(), key.limits())
 
 
 def parse_api_key(raw: str) -> str | None:
@@ -277,6 +281,19 @@ class _KeyCache:
         with self._lock:
             self._entries.clear()
             self._refreshing.clear()
+
+    def drop(self, digest: str) -> None:
+        """Forget ``digest``'s answer (a revocation broadcast): the next request asks the database."""
+        with self._lock:
+            self._entries.pop(digest, None)
+
+    def drop_tenant(self, tenant_id: int) -> list[str]:
+        """Forget every cached principal of tenant ``tenant_id``; return their digests."""
+        with self._lock:
+            gone = [d for d, (_, p) in self._entries.items() if p is not None and p.tenant_id == tenant_id]
+            for digest in gone:
+                del self._entries[digest]
+        return gone
 
 
 key_cache = _KeyCache()
@@ -415,6 +432,7 @@ async def authorize(raw: str) -> Principal:
     lifetime); a miss asks the database from an auth thread, bounded by ``DB_CALL_TIMEOUT_SECONDS``, and
     falls back to the key's last good answer within ``AUTH_STALE_SECONDS``.
     """
+    revocation.listen()
     if parse_api_key(raw) is None:
         raise KeyRefused("invalid")
     digest = ApiKey.compute_digest(raw)

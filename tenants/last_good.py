@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from proxy.guard.policy import Exhaustion, FragmentStorage, GuardPolicy, Repair
+from proxy.limits.config import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ def loads(text: str) -> Any:
                          _policy(r["policy"]), r.get("request_deadline")) for r in data["routes"])
     default = _target(data["default_target"]) if data["default_target"] else None
     return Principal(data["tenant_id"], data["slug"], data["active"], data["api_key_id"], routes, default,
-                     _policy(data["policy"]))
+                     _policy(data["policy"]), Limits.from_json(data.get("limits")),
+                     Limits.from_json(data.get("key_limits")))
 
 
 def _redis() -> Any:
@@ -164,6 +166,20 @@ def known() -> bool:
     with _lock:
         now = time.monotonic()
         return any(now - stamp < settings.AUTH_STALE_SECONDS for stamp, _ in _memory.values())
+
+
+def forget(digest: str) -> None:
+    """Drop this process's copy of ``digest`` (a revocation broadcast; the shared copy is removed by the
+    process that revoked)."""
+    with _lock:
+        _memory.pop(digest, None)
+
+
+def forget_tenant(tenant_id: int) -> None:
+    """Drop this process's copies of tenant ``tenant_id``'s principals."""
+    with _lock:
+        for digest in [d for d, (_, p) in _memory.items() if getattr(p, "tenant_id", None) == tenant_id]:
+            del _memory[digest]
 
 
 def forget_all() -> None:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from proxy import outbound
 from proxy.guard.policy import DETERMINISTIC_REPAIRS, Exhaustion, FragmentStorage, GuardPolicy, Repair
+from proxy.limits.config import Limits, above_tenant
 from tenants import crypto
 
 API_KEY_PREFIX = "tr"
@@ -109,7 +110,31 @@ class PolicyFields(models.Model):
         return {k: v for k, v in values.items() if v is not None and v != ""}
 
 
-class Tenant(PolicyFields):
+class LimitFields(models.Model):
+    """Limit columns (``proxy.limits.config.Limits``): None = no limit, 0 = blocked. A key's apply within
+    its tenant's and may not exceed them (``ApiKey.clean``, ``tenants.services.limits_set``)."""
+
+    rpm = models.PositiveIntegerField("requests per minute", null=True, blank=True,
+                                      help_text="Requests per minute (empty: no limit; 0 blocks).")
+    tpm = models.PositiveIntegerField("tokens per minute", null=True, blank=True,
+                                      help_text="Input + output tokens per minute (estimated before the answer, "
+                                                "corrected from its usage).")
+    concurrency = models.PositiveIntegerField("concurrent requests", null=True, blank=True,
+                                              help_text="Requests in flight at once; more wait briefly, then 429.")
+    daily_tokens = models.PositiveBigIntegerField("tokens per day", null=True, blank=True,
+                                                  help_text="Tokens per UTC day; spent: 429 insufficient_quota.")
+    monthly_tokens = models.PositiveBigIntegerField("tokens per month", null=True, blank=True,
+                                                    help_text="Tokens per UTC calendar month.")
+
+    class Meta:
+        abstract = True
+
+    def limits(self) -> Limits:
+        """These columns as ``Limits``."""
+        return Limits.of(self)
+
+
+class Tenant(PolicyFields, LimitFields):
     """An organisation using the proxy; owns keys, upstreams and routes, and the default guard policy."""
 
     name = models.CharField(max_length=100, unique=True)
@@ -165,7 +190,7 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
         return self.filter(tenant=tenant)
 
 
-class ApiKey(models.Model):
+class ApiKey(LimitFields):
     """A virtual key. Only a visible ``prefix`` and a keyed ``digest`` are stored, never the secret.
 
     Format ``tr-<prefix>-<secret>``: ``prefix`` 12 lowercase alphanumerics (the lookup key),
@@ -209,6 +234,14 @@ class ApiKey(models.Model):
     def matches(self, raw_key: str) -> bool:
         """Constant-time comparison of ``raw_key``'s digest with the stored one."""
         return hmac.compare_digest(self.digest, self.compute_digest(raw_key))
+
+    def clean(self) -> None:
+        """A key limit above its tenant's is refused (the key could never use it)."""
+        if not self.tenant_id:
+            return
+        over = above_tenant(self.limits(), self.tenant.limits())
+        if over:
+            raise ValidationError({name: f"Above the tenant's limit ({getattr(self.tenant, name)})." for name in over})
 
 
 class Upstream(models.Model):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import secrets
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from tenants import crypto
+from proxy.limits.config import LIMIT_NAMES, Limits
+from tenants import crypto, revocation
 from tenants.models import (
     API_KEY_PREFIX,
     ApiKey,
@@ -42,11 +45,39 @@ def api_key_create(*, tenant: Tenant, name: str, expires: datetime | None = None
 
 
 def api_key_revoke(*, key: ApiKey) -> ApiKey:
-    """Revoke ``key`` now (idempotent). Running processes refuse it within ``AUTH_CACHE_SECONDS``."""
+    """Revoke ``key`` now (idempotent). Every running process is told at once (``tenants.revocation``:
+    Redis pub/sub when ``REDIS_URL`` is set); without the broadcast they refuse it within
+    ``AUTH_CACHE_SECONDS``."""
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+    revocation.key_revoked(key.digest)
     return key
+
+
+def limits_set(*, tenant: Tenant, key: ApiKey | None = None, values: Mapping[str, int | None]) -> Limits:
+    """Set some of the limits of ``tenant`` (``key`` None) or of its ``key``; return the holder's limits.
+
+    ``values`` maps names of ``LIMIT_NAMES`` to a whole number (0 blocks) or None (no limit); names not
+    given are left as they are. ``ValidationError`` for an unknown name, a negative number, or a key
+    limit above its tenant's. Running processes see the change at once (``tenants.revocation``).
+    """
+    unknown = sorted(set(values) - set(LIMIT_NAMES))
+    if unknown:
+        raise ValidationError(f"unknown limit(s): {', '.join(unknown)}")
+    if any(v is not None and v < 0 for v in values.values()):
+        raise ValidationError("a limit is a whole number >= 0 (0 blocks) or none")
+    row: Tenant | ApiKey = tenant if key is None else key
+    if key is not None and key.tenant_id != tenant.pk:
+        raise ValidationError("no such key in this tenant")
+    for name, value in values.items():
+        setattr(row, name, value)
+    if isinstance(row, ApiKey):
+        row.clean()
+    with transaction.atomic():
+        row.save(update_fields=list(values) or None)
+        revocation.tenant_changed(tenant.pk)
+    return row.limits()
 
 
 def api_key_touch(*, key: ApiKey) -> None:

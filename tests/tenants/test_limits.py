@@ -1,0 +1,140 @@
+"""Limits of tenants and keys: ``manage.py limits``, ``limits_set``, the principal, and the revocation broadcast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+
+from proxy.limits.config import Limits
+from proxy.limits.state import MemoryState, reset_state
+from tenants import last_good, revocation
+from tenants.auth import KeyRefused, authorize, key_cache, principal_for_key
+from tenants.models import ApiKey
+from tenants.services import api_key_create, api_key_revoke, limits_set
+from tests.conftest import TenantWorld
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def _show(tenant: str) -> dict[str, Any]:
+    return json.loads(_run("limits", "show", "--tenant", tenant, "--json"))  # type: ignore[no-any-return]
+
+
+def test_it_sets_and_shows_limits_by_tenant_name_or_slug(world_a: TenantWorld) -> None:
+    _run("limits", "set", "--tenant", "Tenant A", "--rpm", "100", "--tpm", "50000", "--daily-tokens", "0")
+    prefix = f"tr-{world_a.api_key.prefix}"
+    out = _run("limits", "set", "--tenant", "tenant-a", "--key", prefix, "--rpm", "10", "--concurrency", "2")
+    assert out.startswith(f"Limits of key {prefix}: rpm=10, tpm=none, concurrency=2")
+    assert _show("tenant-a") == {
+        "tenant": "Tenant A",
+        "limits": {"rpm": 100, "tpm": 50000, "concurrency": None, "daily_tokens": 0, "monthly_tokens": None},
+        "keys": [{"key": prefix, "limits": {"rpm": 10, "tpm": None, "concurrency": 2, "daily_tokens": None,
+                                            "monthly_tokens": None}}],
+    }
+
+
+def test_none_removes_a_limit_and_other_limits_stay(world_a: TenantWorld) -> None:
+    _run("limits", "set", "--tenant", "tenant-a", "--rpm", "5", "--tpm", "7")
+    _run("limits", "set", "--tenant", "tenant-a", "--rpm", "none")
+    assert _show("tenant-a")["limits"]["rpm"] is None and _show("tenant-a")["limits"]["tpm"] == 7
+
+
+def test_a_key_limit_above_its_tenants_is_refused(world_a: TenantWorld) -> None:
+    _run("limits", "set", "--tenant", "tenant-a", "--rpm", "10")
+    with pytest.raises(CommandError, match="--rpm: Above the tenant's limit"):
+        _run("limits", "set", "--tenant", "tenant-a", "--key", world_a.api_key.prefix, "--rpm", "11")
+    assert ApiKey.objects.get(pk=world_a.api_key.pk).rpm is None
+    _run("limits", "set", "--tenant", "tenant-a", "--key", world_a.api_key.prefix, "--rpm", "10")  # equal is fine
+
+
+@pytest.mark.parametrize("args", [("--rpm", "-1"), ("--rpm", "lots"), ()])
+def test_it_refuses_bad_values_and_nothing_to_set(world_a: TenantWorld, args: tuple[str, ...]) -> None:
+    with pytest.raises(CommandError):
+        _run("limits", "set", "--tenant", "tenant-a", *args)
+
+
+def test_another_tenants_key_is_not_found(world_a: TenantWorld, world_b: TenantWorld) -> None:
+    with pytest.raises(CommandError, match="has no API key"):
+        _run("limits", "set", "--tenant", "tenant-a", "--key", world_b.api_key.prefix, "--rpm", "1")
+
+
+def test_limits_set_refuses_unknown_names_and_foreign_keys(world_a: TenantWorld, world_b: TenantWorld) -> None:
+    with pytest.raises(ValidationError):
+        limits_set(tenant=world_a.tenant, values={"rpd": 1})
+    with pytest.raises(ValidationError):
+        limits_set(tenant=world_a.tenant, key=world_b.api_key, values={"rpm": 1})
+
+
+def test_the_principal_carries_the_limits_and_last_good_keeps_them(world_a: TenantWorld) -> None:
+    limits_set(tenant=world_a.tenant, values={"rpm": 60, "monthly_tokens": 10**10})
+    limits_set(tenant=world_a.tenant, key=world_a.api_key, values={"concurrency": 3})
+    principal = principal_for_key(world_a.raw_key)
+    assert principal is not None
+    assert principal.limits == Limits(rpm=60, monthly_tokens=10**10)
+    assert principal.key_limits == Limits(concurrency=3)
+    again = last_good.loads(last_good.dumps(principal))
+    assert again == principal
+
+
+def test_an_old_last_good_principal_without_limits_still_loads(world_a: TenantWorld) -> None:
+    principal = principal_for_key(world_a.raw_key)
+    data = json.loads(last_good.dumps(principal))
+    del data["limits"], data["key_limits"]
+    assert last_good.loads(json.dumps(data)).limits == Limits()
+
+
+async def _in_thread(function: Any, **kwargs: Any) -> Any:
+    """``function(**kwargs)`` in a thread whose database connection is closed afterwards (the test database
+    is dropped at the end)."""
+    def run() -> Any:
+        try:
+            return function(**kwargs)
+        finally:
+            connections.close_all()
+    return await asyncio.to_thread(run)
+
+
+@pytest.fixture
+def memory_state() -> Any:
+    state = MemoryState()
+    reset_state(state)
+    yield state
+    reset_state(None)
+
+
+@pytest.mark.django_db(transaction=True)  # the auth threads read what the test wrote
+async def test_a_revocation_drops_the_cached_key_at_once(world_a: TenantWorld, memory_state: MemoryState,
+                                                         settings: Any) -> None:
+    settings.AUTH_CACHE_SECONDS = 3600.0  # without the broadcast the cached key would live an hour
+    assert (await authorize(world_a.raw_key)).api_key_id == world_a.api_key.pk
+    await _in_thread(api_key_revoke, key=world_a.api_key)
+    assert key_cache.get(ApiKey.compute_digest(world_a.raw_key)) == (False, None)
+    with pytest.raises(KeyRefused):
+        await authorize(world_a.raw_key)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_tenant_change_drops_its_principals(world_a: TenantWorld, memory_state: MemoryState,
+                                                    settings: Any) -> None:
+    settings.AUTH_CACHE_SECONDS = 3600.0
+    _, raw = await _in_thread(api_key_create, tenant=world_a.tenant, name="second")
+    await authorize(world_a.raw_key)
+    await authorize(raw)
+    revocation.listen()
+    await _in_thread(limits_set, tenant=world_a.tenant, values={"rpm": 1})
+    assert key_cache.get(ApiKey.compute_digest(raw))[0] is False
+    assert (await authorize(raw)).limits.rpm == 1
