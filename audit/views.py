@@ -21,11 +21,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.chart_links import ChartLinks
-from audit.exports import figure_context
+from audit.charts import usage_charts
+from audit.exports import figure_context, write_rows
 from audit.incidents import KINDS, Incident, incident
 from audit.models import Finding, ProxyRequest
 from audit.reports import Scope, build_figures
 from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
+from audit.usage import COLUMNS, usage_over_time, usage_rows
 from tenants.models import Tenant, Upstream
 
 MAX_DAYS = 366
@@ -215,3 +217,39 @@ def incidents(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         "socket_path": SOCKET_PATH, "kinds": KINDS,
     }
     return TemplateResponse(request, "audit/incidents.html", context)
+
+
+class UsageForm(DashboardForm):
+    """The dashboard's period and tenant, and the dimension usage is grouped by."""
+
+    group = forms.ChoiceField(choices=[("key", "virtual key"), ("tenant", "tenant"), ("model", "model"),
+                                       ("upstream", "upstream")], required=False, label="Per")
+
+    def clean_group(self) -> str:
+        return self.cleaned_data.get("group") or "key"
+
+
+def usage(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
+    """Usage per key, tenant, model or upstream for the period (``audit.usage``), with charts; ``?format=csv``
+    downloads the table through the safe CSV writer (``audit.exports``)."""
+    if not can_view_audit(request):
+        raise PermissionDenied
+    form = UsageForm(request.GET, request=request)
+    context: dict[str, Any] = {**admin_site.each_context(request), "title": "Usage", "form": form}
+    if not form.is_valid():
+        return TemplateResponse(request, "audit/usage.html", context)
+    data = form.cleaned_data
+    scope = dashboard_scope(data, request)
+    rows = usage_rows(scope, data["group"])
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = f"{scope.since:%Y%m%dT%H%M}-{scope.until:%Y%m%dT%H%M}"
+        response["Content-Disposition"] = f'attachment; filename="usage-{data["group"]}-{stamp}.csv"'
+        write_rows(response, COLUMNS, rows)  # type: ignore[arg-type]
+        return response
+    query = request.GET.copy()
+    query["format"] = "csv"
+    context.update(rows=rows, group=data["group"], columns=COLUMNS, charts=usage_charts(rows, usage_over_time(scope)),
+                   tenant=data.get("tenant"), csv_link="?" + query.urlencode(),
+                   period={"since": scope.since, "until": scope.until, "bucket": scope.bucket})
+    return TemplateResponse(request, "audit/usage.html", context)
