@@ -78,8 +78,8 @@ class LoopBreaker:
                                    settings.LOOP_SESSION_TTL_SECONDS)
 
     async def check_turn(self, turn: Turn) -> Stuck | None:
-        """The loop ``turn`` would complete (None: deliver it). Remembers the turn as delivered when it is
-        not a loop, and the stuck answer (a text step, which ends every run) when it is."""
+        """The loop ``turn`` would complete (None: deliver it). Remembers the session's steps (the turn itself
+        counts once the next request's history shows it with its results) and that no turn ended exhausted."""
         if not self.enabled:
             return None
         steps = await self._load()
@@ -87,7 +87,7 @@ class LoopBreaker:
         self.stuck = check_turn(steps, key, self.policy)
         if self.stuck is not None:
             metrics.LOOPS_BROKEN.labels(rule=self.stuck.rule).inc()
-        await self._save([*steps, Step("" if self.stuck is not None else key)], 0)
+        await self._save(steps, 0)
         return self.stuck
 
     async def check_exhausted(self) -> Stuck | None:
@@ -99,7 +99,7 @@ class LoopBreaker:
         self.stuck = check_exhausted(self._exhausted, self.policy)
         if self.stuck is not None:
             metrics.LOOPS_BROKEN.labels(rule=self.stuck.rule).inc()
-        await self._save([*steps, Step("")], 0 if self.stuck is not None else self._exhausted + 1)
+        await self._save(steps, 0 if self.stuck is not None else self._exhausted + 1)
         return self.stuck
 
     def finding(self) -> Finding | None:

@@ -46,11 +46,14 @@ _EXEMPT = "\x00exempt"
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One assistant turn: ``key`` (call fingerprints joined by ``" + "``, ``""`` without calls) and
-    ``result`` (16 hex digits of the tool results' SHA-256, None while unknown)."""
+    """One assistant turn: ``key`` (call fingerprints joined by ``" + "``, ``""`` without calls),
+    ``result`` (16 hex digits of the tool results' SHA-256, None while unknown) and ``ids``, what
+    identifies the turn across requests (its call ids joined by ``,``; ``t:`` + a digest of a text
+    turn's text; ``""`` when unknown)."""
 
     key: str
     result: str | None = None
+    ids: str = ""
 
     @property
     def counts(self) -> bool:
@@ -134,31 +137,27 @@ def history_steps(messages: Any, policy: GuardPolicy) -> tuple[list[Step], int]:
         if not calls:
             text = _text(message.get("content"))
             exhausted = exhausted + 1 if EXHAUSTION_PREFIX in text else 0  # after streamed text too
-            steps.append(Step(""))
+            steps.append(Step("", None, "t:" + _digest(text)))
             continue
         exhausted = 0
         ids = [r.get("id") for r in raw_calls if isinstance(r, dict)]
+        ident = ",".join(str(i) for i in ids)
         results: list[str] = []
         while i < len(messages) and isinstance(messages[i], dict) and messages[i].get("role") == "tool":
             if messages[i].get("tool_call_id") in ids or not ids:
                 results.append(_text(messages[i].get("content")))
             i += 1
-        steps.append(Step(_key(calls, policy.loop_exempt_tools), _digest("\x1e".join(results)) if results else None))
+        steps.append(Step(_key(calls, policy.loop_exempt_tools), _digest("\x1e".join(results)) if results else None,
+                          ident))
     return steps, exhausted
 
 
 def merge(remembered: Sequence[Step], history: Sequence[Step]) -> list[Step]:
-    """The session's steps: the ``history`` where it covers what the session state ``remembered``; the
-    remembered steps before it when the history is a consistent tail of them (compacted, or an agent that
-    sends only its last step); the history alone when the two disagree (another conversation)."""
-    if len(history) >= len(remembered):
-        return list(history)
-    if not history:
-        return list(remembered)
-    tail = remembered[len(remembered) - len(history):]
-    if [s.key for s in tail] != [s.key for s in history]:
-        return list(history)
-    return [*remembered[: len(remembered) - len(history)], *history]
+    """The session's steps: the steps the session state ``remembered`` (seen in earlier requests' histories)
+    that this ``history`` lacks (by ``Step.ids``: a compacted history, an agent that sends only its last
+    step), then the history. A request sent again adds nothing: its steps are the remembered ones."""
+    have = {s.ids for s in history if s.ids}
+    return [*(s for s in remembered if s.ids and s.ids not in have), *history]
 
 
 def check_turn(steps: Sequence[Step], key: str, policy: GuardPolicy) -> Stuck | None:
@@ -223,7 +222,7 @@ def _nth(n: int) -> str:
 
 def state_dumps(steps: Sequence[Step], exhausted: int) -> dict[str, Any]:
     """The session state to keep (JSON-ready): the last ``MAX_STEPS`` steps and the exhausted count."""
-    return {"steps": [[s.key, s.result] for s in steps[-MAX_STEPS:]], "exhausted": exhausted}
+    return {"steps": [[s.key, s.result, s.ids] for s in steps[-MAX_STEPS:]], "exhausted": exhausted}
 
 
 def state_loads(data: Any) -> tuple[list[Step], int]:
@@ -231,8 +230,8 @@ def state_loads(data: Any) -> tuple[list[Step], int]:
     if not isinstance(data, dict):
         return [], 0
     raw, exhausted = data.get("steps"), data.get("exhausted")
-    steps = [Step(k, r if isinstance(r, str) else None) for k, r in
-             (e for e in raw if isinstance(e, list) and len(e) == 2 and isinstance(e[0], str))] \
+    steps = [Step(e[0], e[1] if isinstance(e[1], str) else None, e[2]) for e in raw
+             if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[2], str)] \
         if isinstance(raw, list) else []
     return steps[-MAX_STEPS:], exhausted if isinstance(exhausted, int) and not isinstance(exhausted, bool) \
         and exhausted >= 0 else 0

@@ -170,6 +170,9 @@ def _plan_gen(ctx: PlanContext, *, clean: bool = False) -> Reply:
         seed=scenario.get_int("seed", config.seed),
     )
     turn = generate_turn(ctx.body, options, _loop_rng(ctx) if looping else ctx.rng("turn"))
+    if looping:  # the same call, but a fresh id each turn (as real upstreams give)
+        for number, call in enumerate(turn.calls):
+            call.id = f"call_{ctx.digest[:20]}{number:02d}"
     fault = _draw_fault(ctx, turn, rate) if rate > 0 else None
     reply = _turn_reply(ctx, turn, fault)
     return _timed(
@@ -185,7 +188,7 @@ _LOOPING = 1 << 30
 
 def _loop_rng(ctx: PlanContext) -> random.Random:
     """``loop=1``: the turn RNG of an agent stuck in a loop, seeded by the first user message alone, so
-    every turn of the conversation replays the same tool call whatever the tool results say."""
+    every turn of the conversation replays the same tool call (name and arguments) whatever the tool results say."""
     messages = ctx.body.get("messages")
     first = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None) \
         if isinstance(messages, list) else None

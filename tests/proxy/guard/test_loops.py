@@ -139,24 +139,42 @@ def test_exhausted_turns_in_a_row_come_from_the_history() -> None:
     assert check_exhausted(2, GuardPolicy(loop_breaker=False)) is None
 
 
+def history_from(first: int, *steps: tuple[str, dict[str, Any], str]) -> list[dict[str, Any]]:
+    """``history`` whose call ids start at ``call_<first>`` (the later requests of a stateless agent)."""
+    out = history(*steps)
+    for message in out:
+        for c in message.get("tool_calls") or ():
+            c["id"] = f"call_{int(c['id'][5:]) + first}"
+        if message.get("role") == "tool":
+            message["tool_call_id"] = f"call_{int(message['tool_call_id'][5:]) + first}"
+    return out
+
+
 def test_session_state_adds_what_the_history_lacks() -> None:
     """An agent that sends only its last step: the remembered steps before it still count."""
     same = ("read_file", {"path": "a.py"}, "x")
-    remembered, _ = history_steps(history(same, same, same), POLICY)
-    short, _ = history_steps(history(same), POLICY)
-    merged = merge(remembered, short)
-    assert len(merged) == 3
-    assert check_turn(merged, key_of("read_file", {"path": "a.py"}), POLICY) is not None
-    other, _ = history_steps(history(("ls", {}, "y")), POLICY)
-    assert merge(remembered, other) == other  # another conversation: the history alone
-    assert merge(remembered, []) == remembered
-    assert merge(short, remembered) == remembered
+    remembered: list[Step] = []
+    for n in range(3):  # each request carries only its last call (a new id each time) and its result
+        short, _ = history_steps(history_from(n, same), POLICY)
+        remembered = merge(remembered, short)
+    assert len(remembered) == 3
+    assert check_turn(remembered, key_of("read_file", {"path": "a.py"}), POLICY) is not None
+
+
+def test_a_request_sent_again_adds_no_step() -> None:
+    """The same history twice (a client's retry) is one step, not two."""
+    same = ("read_file", {"path": "a.py"}, "x")
+    steps, _ = history_steps(history(same), POLICY)
+    assert merge(merge(steps, steps), steps) == steps
+    full, _ = history_steps(history(same, same), POLICY)
+    assert merge(steps, full) == full, "a full history covers what was remembered"
+    assert merge(full, []) == full
 
 
 def test_state_round_trips_and_tolerates_garbage() -> None:
-    steps = [Step("a:1", "r"), Step(""), Step("b:2", None)]
+    steps = [Step("a:1", "r", "c1"), Step("", None, "t:x"), Step("b:2", None, "c2,c3")]
     assert state_loads(json.loads(json.dumps(state_dumps(steps, 2)))) == (steps, 2)
-    for junk in (None, 3, "x", {"steps": "x"}, {"steps": [[1, 2], ["a"]], "exhausted": -1}, {"exhausted": True}):
+    for junk in (None, 3, "x", {"steps": "x"}, {"steps": [[1, 2, 3], ["a"]], "exhausted": -1}, {"exhausted": True}):
         assert state_loads(junk) == ([], 0)
 
 
@@ -231,3 +249,31 @@ def test_any_history_is_read_without_raising(messages: list[Any]) -> None:
     assert exhausted >= 0
     check_turn(steps, "a", POLICY)
     session_id([], tenant=1, key=None, messages=messages)
+
+
+step_st = st.builds(Step, st.sampled_from(["a", "b", ""]), st.sampled_from([None, "r1", "r2"]),
+                    st.sampled_from(["c1", "c2", "c3", "c4", "t:x", ""]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step_st, max_size=8), st.lists(step_st, max_size=8))
+def test_merging_keeps_the_history_last_and_a_resend_changes_nothing(remembered: list[Step],
+                                                                    hist: list[Step]) -> None:
+    merged = merge(remembered, hist)
+    assert merged[len(merged) - len(hist):] == hist
+    assert merge(merged, hist) == merged
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=2, max_size=3, unique=True),
+       st.lists(st.tuples(st.sampled_from(["x", "y"]), st.sampled_from(["r1", "r2"])), max_size=5))
+def test_any_cycle_is_stopped_at_the_last_call_of_its_third_repetition(cycle: list[str],
+                                                                       before: list[tuple[str, str]]) -> None:
+    """Whatever came before (behind a text turn), a cycle of 2 or 3 distinct calls with constant results:
+    its 3rd repetition's last call is stopped, the one before it is not (by the cycle rule)."""
+    base = [Step(k, r) for k, r in before] + [Step("")]
+    run = [Step(k, f"res-{k}") for k in cycle * 3]
+    stopped = check_turn(base + run[:-1], run[-1].key, POLICY)
+    assert stopped is not None and stopped.rule == "cycle" and list(stopped.fingerprints) == cycle
+    early = check_turn(base + run[:-2], run[-2].key, POLICY)
+    assert early is None
