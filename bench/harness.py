@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,6 +280,55 @@ class Stack:
                        check=True)
         self.postgres = Server("postgres", [proc], [port])
         self.database_url = f"postgres://postgres@127.0.0.1:{port}/bench"
+
+    @contextlib.contextmanager
+    def limits_servers(self) -> Iterator[tuple[Server, dict[str, str]]]:
+        """For the limits phase: a private redis-server, toolrelay processes with ``REDIS_URL`` on it, and two
+        keys: ``limited`` (every limit set on its key and tenant, never reached) and ``free`` (no limits);
+        stopped on exit, so the other phases run as before (no Redis)."""
+        redis_port = free_port()
+        redis = self._spawn("redis", ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"])
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", redis_port)) == 0:
+                    break
+            if time.monotonic() > deadline or redis.poll() is not None:
+                raise RuntimeError("the benchmark's redis-server did not start (see redis.log)")
+            time.sleep(0.05)
+        env = {**self.django_env(), "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+        big = 10**9
+        snippet = (
+            "import json\n"
+            "from tenants.models import Tenant\n"
+            "from tenants.services import api_key_create, limits_set\n"
+            "t = Tenant.objects.get(name='bench')\n"
+            f"limits_set(tenant=t, values=dict(rpm={big}, tpm={big}, concurrency=100000, daily_tokens={big}, "
+            f"monthly_tokens={big}))\n"
+            "k, raw = api_key_create(tenant=t, name='bench-limits')\n"
+            f"limits_set(tenant=t, key=k, values=dict(rpm={big}, tpm={big}, concurrency=100000))\n"
+            "print(json.dumps({'limited': raw}))\n"
+        )
+        out = subprocess.run([self.python, "manage.py", "shell", "-c", snippet], cwd=ROOT,  # noqa: S603
+                             env={**os.environ, **env}, check=True, capture_output=True, text=True)
+        keys = {**json.loads(out.stdout.strip().splitlines()[-1]), "free": self.keys["noabort"]}
+        server = self._servers("toolrelay-redis", env, lambda port: [
+            self.python, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)])
+        try:
+            for port, proc in zip(server.ports, server.procs, strict=True):
+                wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+            yield server, keys
+        finally:
+            for proc in [*server.procs, redis]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc in [*server.procs, redis]:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                self._procs.remove(proc)
 
     def _provision(self, sim_url: str) -> None:
         """Migrate, then two tenants on the simulator: early abort on (the default) and off."""

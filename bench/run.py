@@ -242,6 +242,27 @@ class Bench:
                          "gaps": len(gaps)}
         self.results["latency"] = out
 
+    def limits(self) -> None:
+        """Pass-through TTFT with limits configured (issue 14: the checks add <= 0.3 ms to p50 with Redis on
+        loopback): interleaved rounds on the same toolrelay processes (``REDIS_URL`` set, a private
+        redis-server), one key with every limit set on it and its tenant (never reached) and one of a tenant
+        without limits (no shared-state call); the difference of their p50s is the limits' cost."""
+        with self.stack.limits_servers() as (server, keys):
+            self.targets["limits-on"] = server.endpoints({"authorization": f"Bearer {keys['limited']}"})
+            self.targets["limits-off"] = server.endpoints({"authorization": f"Bearer {keys['free']}"})
+            try:
+                by_name = self.rounds(["limits-off", "limits-on"], PT, self.sizes.latency_rounds)
+            finally:
+                del self.targets["limits-on"], self.targets["limits-off"]
+        out: dict[str, Any] = {}
+        for name, recs in by_name.items():
+            good = [r for r in ok(recs) if r["token"] is not None]
+            ttft = [ms(r["token"] - r["sent"]) for r in good]
+            out[name] = {"n": len(good), "errors": len(recs) - len(good), "ttft_p50": pct(ttft, .5),
+                         "ttft_p99": pct(ttft, .99)}
+        out["added_p50_ms"] = out["limits-on"]["ttft_p50"] - out["limits-off"]["ttft_p50"]
+        self.results["limits"] = out
+
     def guarded(self) -> None:
         """Clean 4 KB tool call: text TTFT, tail (upstream's last frame -> client's end), total."""
         self.sim_reset()
@@ -627,6 +648,12 @@ def table(results: dict[str, Any]) -> str:
     frozen = results.get("frozen")
     if frozen:
         rows.extend(_frozen_rows(frozen, added_fn=added))
+    lim = results.get("limits")
+    if lim:
+        on, off = lim.get("limits-on", {}), lim.get("limits-off", {})
+        both = f"{fmt(on.get('ttft_p50'))} / {fmt(off.get('ttft_p50'))}"
+        rows.append(("limits on (Redis): TTFT p50 ms", "", "", both, "", "", "", "", "on / off"))
+        rows.append(("  added by the limits p50 ms", "", "", fmt(lim.get("added_p50_ms")), "", "", "", "", "<= 0.3"))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
              for row in [head, *rows]]
@@ -673,7 +700,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-netns", action="store_true", help="do not isolate the run in a network namespace")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--only", default="", help="comma-separated phases (latency,guarded,corrupted,throughput,"
-                                                   "cpu,memory,disconnect,frozen)")
+                                                   "cpu,memory,disconnect,frozen,limits)")
     args = parser.parse_args(argv)
     if not args.no_litellm:
         ensure_litellm()
@@ -684,7 +711,7 @@ def main(argv: list[str] | None = None) -> None:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", LiteLLM {info['litellm']}")
     started = time.monotonic()
     phases = set(filter(None, args.only.split(","))) or {"latency", "guarded", "corrupted", "throughput", "cpu",
-                                                          "memory", "disconnect", "frozen"}
+                                                          "memory", "disconnect", "frozen", "limits"}
     with Stack(processes=args.processes, litellm=not args.no_litellm, litellm_models=LITELLM_MODELS) as stack:
         print(f"stack up in {time.monotonic() - started:.1f} s (logs in {stack.log_dir})", flush=True)
         bench = Bench(stack, sizes)
@@ -694,7 +721,7 @@ def main(argv: list[str] | None = None) -> None:
             ("memory", bench.memory), ("latency", bench.latency), ("guarded", bench.guarded),
             ("corrupted", bench.corrupted), ("throughput", bench.throughput), ("cpu", bench.cpu),
             ("disconnect", lambda: bench.disconnect(include_bare=not args.quick)),
-            ("frozen", bench.frozen),
+            ("frozen", bench.frozen), ("limits", bench.limits),
         ]
         for name, step in steps:
             if name in phases:

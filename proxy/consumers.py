@@ -28,7 +28,7 @@ from django.conf import settings
 from proxy import metrics
 from proxy import not_found as unknown_path
 from proxy.background import schedule
-from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT, Dialect, estimate_tokens, translated
+from proxy.dialect import ANTHROPIC_MESSAGES, CHARS_PER_TOKEN, OPENAI_CHAT, Dialect, estimate_tokens, translated
 from proxy.guard.loops import session_id
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
@@ -240,21 +240,23 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
                            param="model", code="model_not_found", type=dialect.not_found_type)
     response = consumer.response
     assert response is not None
-    estimate = estimate_tokens(prepared.request.body)
+    estimate = max(1, len(body) // CHARS_PER_TOKEN)  # the client's bytes: O(1), no JSON encoding on the path
     admission = await admitted(principal, estimate=estimate, deadline=plan.deadline,
                                anthropic=dialect is ANTHROPIC_MESSAGES)
-    response.extra_headers = admission.headers
-    call = RelayCall(principal=principal, plan=plan, request=prepared.request, emitter=dialect.emitter(data, prepared),
-                     protocol=dialect.protocol, user_agent=header(consumer.scope, b"user-agent"),
-                     dropped=prepared.dropped,
-                     session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
-                                        key=principal.api_key_id, messages=prepared.request.body.get("messages"))
-                     if prepared.request.guarded else "")
-    relayed = Relay(call, response, get_client())
+    relayed: Relay | None = None
     try:
+        response.extra_headers = admission.headers
+        call = RelayCall(principal=principal, plan=plan, request=prepared.request,
+                         emitter=dialect.emitter(data, prepared), protocol=dialect.protocol,
+                         user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
+                         session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
+                                            key=principal.api_key_id, messages=prepared.request.body.get("messages"))
+                         if prepared.request.guarded else "")
+        relayed = Relay(call, response, get_client())
         await relayed.run()
     finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens
-        schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
+        if admission.counted:
+            schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
 
 
 async def admitted(principal: Principal, *, estimate: int, deadline: float, anthropic: bool) -> limits.Admission:
@@ -269,10 +271,11 @@ async def admitted(principal: Principal, *, estimate: int, deadline: float, anth
                            headers=exc.headers, should_retry=not exc.quota) from None
 
 
-def tokens_of(relayed: Relay, estimate: int) -> int | None:
-    """Input + output tokens of every attempt (retries cost too) from their usage; None when no attempt
-    reported usage (the admission's estimate stands; see ``proxy.limits.enforce``)."""
-    attempts = relayed.log.all
+def tokens_of(relayed: Relay | None, estimate: int) -> int | None:
+    """Input + output tokens of every attempt (retries cost too) from their usage; without usage the
+    input estimate per attempt plus the bytes received; None when nothing was received (the admission's
+    estimate stands; see ``proxy.limits.enforce``)."""
+    attempts = relayed.log.all if relayed is not None else []
     if not any(a.prompt_tokens or a.completion_tokens for a in attempts):
         received = sum(a.bytes_received or 0 for a in attempts)
         return None if not received else estimate * max(1, len(attempts)) + received // OUTPUT_BYTES_PER_TOKEN

@@ -255,6 +255,11 @@ class TenantAdmin(PolicyAdminMixin, TenantScopedAdmin[Tenant]):
     )
     inlines = (ApiKeyInline,)
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A tenant's limits bound what its own admins may do: only superusers change them.
+        own = () if request.user.is_superuser else LIMIT_NAMES
+        return (*super().get_readonly_fields(request, obj), *own)
+
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         """Save, then tell every proxy process its cached principals of this tenant are stale (limits,
         disabled)."""

@@ -63,6 +63,16 @@ def _fresh_key_cache() -> Iterator[None]:
     last_good.forget_all()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_shared_state() -> Iterator[None]:
+    """Each test starts with empty limit counters (wrong-key counts of 127.0.0.1 would add up otherwise)."""
+    from proxy.limits.state import reset_state
+
+    reset_state(None)
+    yield
+    reset_state(None)
+
+
 @dataclass
 class TenantWorld:
     """A tenant with what it owns: its default upstream, a route and an API key (raw key kept here)."""

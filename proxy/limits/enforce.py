@@ -8,8 +8,8 @@ over the concurrency cap the request first waits in its key's queue (first come,
 this process, at most ``LIMITS_CONCURRENCY_WAIT_SECONDS``). A principal without limits costs nothing
 (no shared-state call).
 
-Tokens: ``estimate`` (the request's input tokens, ``proxy.dialect.estimate_tokens``) is counted at
-admission; ``Admission.settle(used)`` corrects the minute, day and month counts by the difference once
+Tokens: ``estimate`` (the request's input tokens: its body's bytes / 4, as ``proxy.dialect`` counts) is
+counted at admission; ``Admission.settle(used)`` corrects the minute, day and month counts by the difference once
 the answer's usage is known (every attempt's, retries included: they cost), and gives the leases
 back. An answer without usage is settled from an estimate (``tokens_of``) and counted as such in
 ``toolrelay_limits_tokens_total{source="estimate"}``.
@@ -106,6 +106,11 @@ class Admission:
     leases: tuple[Lease, ...] = ()
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     settled: bool = False
+
+    @property
+    def counted(self) -> bool:
+        """True when something was counted or held (a principal without limits: nothing to settle)."""
+        return bool(self.token_windows or self.leases)
 
     async def settle(self, used: int | None, *, tenant: str = "") -> None:
         """Correct the token counts to ``used`` (None: the estimate stands) and give the leases back; once."""
@@ -218,7 +223,7 @@ def _exceeded(check: _Check, verdict: Verdict, estimate: int, headers: list[tupl
         period = "day (UTC)" if check.code == "daily_tokens" else "month (UTC)"
         return LimitExceeded(check.code, f"token budget spent: {whose} limit is {limit} tokens per {period}; "
                              f"it renews in {math.ceil(usage.reset)} s", quota=True, retry_after=None,
-                             headers=[*headers, (b"x-should-retry", b"false")])
+                             headers=headers)
     if check.code == "tpm" and estimate > limit:
         return LimitExceeded("tpm", f"request too large: about {estimate} input tokens, {whose} limit is {limit} "
                              "tokens per minute", quota=True, retry_after=None, headers=headers)

@@ -535,12 +535,16 @@ class RedisState(SharedState):
         """Receive broadcasts forever; reconnect (at most once a second) whenever Redis fails."""
         import redis.asyncio
 
+        lost = False
         while True:
             client = redis.asyncio.Redis.from_url(self.url, socket_connect_timeout=1.0)
             try:
                 async with client.pubsub() as pubsub:
                     channels = list(self._subscribers)
                     await pubsub.subscribe(*channels)
+                    if lost:
+                        lost = False
+                        logger.warning("broadcast listener reconnected to Redis")
                     while True:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                         if list(self._subscribers) != channels:
@@ -550,7 +554,10 @@ class RedisState(SharedState):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep listening once Redis is back
-                logger.warning("broadcast listener lost Redis (%s); retrying in 1 s", exc)
+                if not lost:  # once per outage, not once a second
+                    lost = True
+                    logger.warning("broadcast listener lost Redis (%s); revocations fall back to the auth cache "
+                                   "lifetime until it is back (retrying every second)", exc)
                 await asyncio.sleep(1.0)
             finally:
                 await client.aclose()

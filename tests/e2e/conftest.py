@@ -33,6 +33,9 @@ AUTH_CACHE_SECONDS = "1"
 #: The simulator and the test upstreams listen on loopback, which the outbound address policy
 #: refuses unless allowed: the tests allow it, in Daphne and in this process, as `make run` does.
 ALLOW_LOOPBACK = "127.0.0.0/8"
+#: Every test client is 127.0.0.1: the wrong-key throttle is set out of reach of tests that send bad keys
+#: on purpose (tests/e2e/test_limits.py starts a server with a low bound).
+WRONG_KEYS = "100000"
 
 
 def _free_port() -> int:
@@ -91,7 +94,7 @@ def running_proxy(database_url: str, log: Path, *, listening: socket.socket | No
     env = {**os.environ, "DATABASE_URL": database_url, "AUTH_CACHE_SECONDS": AUTH_CACHE_SECONDS,
            "RETRY_BACKOFF_BASE_SECONDS": "0.01", "RETRY_AFTER_MAX_SECONDS": "1", "DB_CONN_MAX_AGE": "0",
            "LOG_LEVEL": "WARNING", "JOURNAL_DIR": str(journal), "JOURNAL_BATCH_SECONDS": "0.02",
-           "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK, **settings}
+           "UPSTREAM_ALLOW_NETWORKS": ALLOW_LOOPBACK, "WRONG_KEY_LIMIT_PER_MINUTE": WRONG_KEYS, **settings}
     # --skip-checks: the tests run with the placeholder SECRET_KEY and no CREDENTIAL_KEYS (as this
     # process does, which encrypts the credentials the server decrypts), which the checks refuse.
     with log.open("wb") as handle:

@@ -244,3 +244,41 @@ async def test_stopped_redis_fails_open_and_publish_sync_does_not_raise(private_
     assert results[0].admitted and results[0].fail_open
     state.publish_sync("c", "m")
     await state.close()
+
+
+_STEP = st.tuples(st.sampled_from(["rpm", "tpm", "budget", "lease", "release", "add"]), st.integers(0, 40),
+                  st.integers(0, 4))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(_STEP, max_size=25))
+def test_redis_and_memory_answer_alike(steps: list[tuple[str, int, int]]) -> None:
+    """Any sequence of admissions, corrections, lease takes and releases and clock moves gets the same
+    verdicts from both implementations (the memory fallback is no weaker than Redis)."""
+
+    async def run(state: SharedState, clock: Clock) -> list[Any]:
+        windows = {"rpm": Window("k:rpm", 60, 3), "tpm": Window("k:tpm", 60, 50, cost=10),
+                   "budget": Window("k:day", 86400, 40, cost=15, strict=False, sliding=False, bucket="d",
+                                    reset_at=clock.now + 86400)}
+        leases = [Lease("k:c", 2, ttl=30, holder=f"h{n}") for n in range(5)]
+        seen: list[Any] = []
+        for op, seconds, n in steps:
+            clock.now += seconds
+            if op in windows:
+                verdict = await state.admit([windows[op]])
+                seen.append((verdict.admitted, [u.used for u in verdict.usage]))
+            elif op == "lease":
+                seen.append((await state.admit([], [leases[n]])).held)
+            elif op == "release":
+                await state.release([leases[n]])
+            else:
+                await state.add([(windows["tpm"], n * 7 - 10)])
+        await state.close()
+        return seen
+
+    start = 1_800_000_000.0
+    memory_clock, redis_clock = Clock(start), Clock(start)
+    memory = asyncio.run(run(MemoryState(clock=memory_clock), memory_clock))
+    shared = asyncio.run(run(RedisState(REDIS_URL, prefix=f"test:{uuid.uuid4().hex}:", clock=redis_clock,
+                                        timeout=1.0), redis_clock))
+    assert memory == shared

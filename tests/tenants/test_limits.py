@@ -138,3 +138,33 @@ async def test_a_tenant_change_drops_its_principals(world_a: TenantWorld, memory
     await _in_thread(limits_set, tenant=world_a.tenant, values={"rpm": 1})
     assert key_cache.get(ApiKey.compute_digest(raw))[0] is False
     assert (await authorize(raw)).limits.rpm == 1
+
+
+# ----- admin -----
+
+def test_the_admin_sets_limits_and_refuses_a_key_limit_above_its_tenants(login: Any, admin_a: Any, superuser: Any,
+                                                                         world_a: TenantWorld) -> None:
+    """Superusers set a tenant's limits, its admins only see them; a tenant admin sets its keys' limits, and
+    one above the tenant's is a form error."""
+    from django.urls import reverse
+
+    client = login(superuser)
+    tenant_url = reverse("admin:tenants_tenant_change", args=[world_a.tenant.pk])
+    form = {"name": world_a.tenant.name, "slug": world_a.tenant.slug, "active": "on",
+            "default_upstream": world_a.upstream.pk, "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0",
+            "allowed_repairs": ["inherit"], "rpm": "20", "tpm": "", "concurrency": "4", "daily_tokens": "",
+            "monthly_tokens": "0", "_save": "Save"}
+    assert "tokens per month" in client.get(tenant_url).content.decode().lower()
+    assert client.post(tenant_url, form).status_code == 302
+    world_a.tenant.refresh_from_db()
+    assert world_a.tenant.limits() == Limits(rpm=20, concurrency=4, monthly_tokens=0)
+    client = login(admin_a)
+    assert client.post(tenant_url, {**form, "rpm": "100000"}).status_code == 302
+    world_a.tenant.refresh_from_db()
+    assert world_a.tenant.rpm == 20  # read-only for the tenant's own admins
+    key_url = reverse("admin:tenants_apikey_change", args=[world_a.api_key.pk])
+    key_form = {"name": world_a.api_key.name, "expires": "", "rpm": "21", "_save": "Save"}
+    refused = client.post(key_url, key_form)
+    assert refused.status_code == 200 and "Above the tenant&#x27;s limit (20)." in refused.content.decode()
+    assert client.post(key_url, {**key_form, "rpm": "5"}).status_code == 302
+    assert ApiKey.objects.get(pk=world_a.api_key.pk).limits() == Limits(rpm=5)
