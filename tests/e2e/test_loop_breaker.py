@@ -19,6 +19,8 @@ import openai
 import pytest
 
 from proxy.guard.loops import STUCK_PREFIX
+from tests.e2e.conftest import running_proxy
+from tests.e2e.test_limits import private_redis  # noqa: F401 - a fixture
 
 LOOP = "gen:loop=1:calls=1:text=0"
 TOOL = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
@@ -145,6 +147,37 @@ def test_session_state_stops_an_agent_that_sends_only_its_last_step(make_tenant:
             choice = client.chat.completions.create(model=LOOP, messages=messages,  # type: ignore[arg-type]
                                                     tools=[TOOL]).choices[0]  # type: ignore[list-item]
             if turn < 4:
+                [call] = choice.message.tool_calls or []
+                messages = [{"role": "user", "content": task},
+                            {"role": "assistant", "content": None, "tool_calls": [
+                                {"id": call.id, "type": "function",
+                                 "function": {"name": call.function.name,  # type: ignore[union-attr]
+                                              "arguments": call.function.arguments}}]},  # type: ignore[union-attr]
+                            {"role": "tool", "tool_call_id": call.id, "content": "ENOENT"}]
+    assert choice.finish_reason == "stop" and (choice.message.content or "").startswith(STUCK_PREFIX)
+
+
+def test_two_processes_share_the_session_state_through_redis(e2e_database_url: str, tmp_path: Any,
+                                                             make_tenant: Any, private_redis: Any) -> None:  # noqa: F811
+    """A stateless agent (it sends only its last step) whose requests alternate between two Daphne processes:
+    neither history nor either process alone sees three repeats; the session state in Redis does."""
+    url, _ = private_redis
+    env = {"REDIS_URL": url, "LIMITS_KEY_PREFIX": f"e2e:{uuid.uuid4().hex}:", "LIMITS_REDIS_TIMEOUT_SECONDS": "0.5"}
+    tenant = make_tenant()
+    task = _task()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    headers = {"x-claude-code-session-id": str(uuid.uuid4())}
+    with running_proxy(e2e_database_url, tmp_path / "a" / "serve.log", **env) as one, \
+            running_proxy(e2e_database_url, tmp_path / "b" / "serve.log", **env) as two:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        for turn, server in enumerate((one, two, one, two), start=1):
+            with openai.OpenAI(base_url=server.v1, api_key=tenant.api_key, max_retries=0, timeout=30,
+                               default_headers=headers) as client:
+                choice = client.chat.completions.create(model=LOOP, messages=messages,  # type: ignore[arg-type]
+                                                        tools=[TOOL]).choices[0]  # type: ignore[list-item]
+            if turn < 4:
+                assert choice.finish_reason == "tool_calls", turn
                 [call] = choice.message.tool_calls or []
                 messages = [{"role": "user", "content": task},
                             {"role": "assistant", "content": None, "tool_calls": [
