@@ -23,6 +23,7 @@ from tests.e2e.conftest import running_proxy
 from tests.e2e.test_limits import private_redis  # noqa: F401 - a fixture
 
 LOOP = "gen:loop=1:calls=1:text=0"
+BROKEN = "gen:broken=99:calls=1:kinds=mid-stream-error-chunk"
 TOOL = {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 ANTHROPIC_TOOL = {"name": "read_file", "description": "Read a file", "input_schema": TOOL["function"]["parameters"]}
@@ -186,3 +187,21 @@ def test_two_processes_share_the_session_state_through_redis(e2e_database_url: s
                                               "arguments": call.function.arguments}}]},  # type: ignore[union-attr]
                             {"role": "tool", "tool_call_id": call.id, "content": "ENOENT"}]
     assert choice.finish_reason == "stop" and (choice.message.content or "").startswith(STUCK_PREFIX)
+
+
+def test_the_third_exhausted_turn_in_a_row_is_answered_as_stuck(make_tenant: Any) -> None:
+    """The user types "continue" into a turn that keeps failing: toolrelay's exhaustion answers in the history
+    count, and the 3rd exhausted turn in a row gets the stuck answer instead."""
+    tenant = make_tenant()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
+    texts = []
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
+        for _ in range(3):
+            with client.chat.completions.stream(model=BROKEN, messages=messages,  # type: ignore
+                                                tools=[TOOL]) as events:  # type: ignore[list-item]
+                choice = events.get_final_completion().choices[0]
+            assert choice.finish_reason == "stop" and not choice.message.tool_calls
+            texts.append(choice.message.content or "")
+            messages += [{"role": "assistant", "content": texts[-1]}, {"role": "user", "content": "continue"}]
+    assert all("[toolrelay] The upstream model could not produce a valid answer" in t for t in texts[:2])
+    assert STUCK_PREFIX in texts[2] and "3 turns in a row" in texts[2]
