@@ -157,7 +157,10 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         tenant = data.get("tenant")
         links = ChartLinks(scope.since, scope.until, scope.bucket, tenant.pk if tenant is not None else None)
         context.update(figure_context(build_figures(scope), title="Audit dashboard", links=links))
+        usage_query = {"since": scope.since.strftime(_MINUTE), "until": scope.until.strftime(_MINUTE),
+                       **({"tenant": str(tenant.pk)} if tenant is not None else {})}
         context.update(presets=_preset_links(tenant), report_link=_report_link(scope), tenant=tenant,
+                       usage_link=reverse("admin:audit_usage") + "?" + urlencode(usage_query),
                        can_request_report=can_manage_audit(request),
                        all_requests=links.requests(), problem_requests=links.requests(show="problems"),
                        # The inputs show the period in effect (also when it is the default).

@@ -109,3 +109,10 @@ def test_it_is_for_audit_staff_only(usage_rows: AuditRows, login: Login, world_a
 
     nobody = _staff("nobody")
     assert _usage(login(nobody)).status_code == 403
+
+
+def test_the_dashboard_links_to_the_usage_of_its_period(usage_rows: AuditRows, viewer_a: User, login: Login) -> None:
+    client = login(viewer_a)
+    link = client.get(reverse("admin:audit_dashboard"), PERIOD).context["usage_link"]
+    assert link.startswith(reverse("admin:audit_usage") + "?since=2026-01-01T00%3A00&until=2026-01-04T00%3A00")
+    assert sum(r["requests"] for r in client.get(link).context["rows"]) == 8
