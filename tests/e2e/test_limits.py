@@ -29,6 +29,8 @@ from tests.e2e.conftest import ROOT, TenantFixture, running_proxy
 
 MODEL = "gen:text=1:calls=0:frames=3:frame=10:corrupt=0"
 MESSAGES = [{"role": "user", "content": "hello"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 def _limits(django_db_blocker: Any, tenant: TenantFixture, *, key: bool = False, **values: int | None) -> None:
@@ -51,9 +53,13 @@ def _chat(tenant: TenantFixture, base_url: str | None = None) -> Any:
 def test_openai_chat_gets_rate_limit_error_with_retry_after(make_tenant: Callable[..., TenantFixture],
                                                             django_db_blocker: Any) -> None:
     tenant = make_tenant()
-    _limits(django_db_blocker, tenant, key=True, rpm=1)
+    _limits(django_db_blocker, tenant, key=True, rpm=2)
+    with _openai(tenant).chat.completions.with_streaming_response.create(  # the guarded path commits its stream
+            model="gen:calls=1:corrupt=0", messages=MESSAGES, stream=True, tools=TOOLS) as guarded:
+        assert guarded.headers["x-ratelimit-remaining-requests"] == "1"
+        assert "get_weather" in "".join(guarded.iter_lines())
     served = _chat(tenant)
-    assert served.headers["x-ratelimit-limit-requests"] == "1"
+    assert served.headers["x-ratelimit-limit-requests"] == "2"
     assert served.headers["x-ratelimit-remaining-requests"] == "0"
     with pytest.raises(openai.RateLimitError) as refused:
         _chat(tenant)
