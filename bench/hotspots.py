@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -66,18 +67,19 @@ def pyinstrument(args: argparse.Namespace) -> None:
     original = harness.Stack._servers
 
     def profiled(stack: Stack, name: str, env: dict[str, str], argv: Any) -> harness.Server:
-        if name != "toolrelay":
+        if name != args.server:
             return original(stack, name, env, argv)
         port = harness.free_port()
         report = stack.log_dir / f"pyinstrument-{args.scenario}.txt"
         wrapper = str(Path(__file__).parent / "profiled_daphne.py")
-        command = [stack.python, wrapper, str(report), "serve", "--host", "127.0.0.1", "--port", str(port)]
-        proc = stack._spawn("toolrelay-0", command, env)
+        serve = (["serve", "--host", "127.0.0.1", "--port", str(port)] if name == "toolrelay"
+                 else ["-b", "127.0.0.1", "-p", str(port), "bench.bare_relay:application"])
+        proc = stack._spawn(f"{name}-0", [stack.python, wrapper, str(report), *serve], env)
         return harness.Server(name, [proc], [port])
 
     harness.Stack._servers = profiled  # type: ignore[method-assign, assignment]
     with Stack(processes=1, litellm=False, litellm_models=[]) as stack:
-        endpoints = stack.toolrelay.endpoints()
+        endpoints = (stack.toolrelay if args.server == "toolrelay" else stack.bare).endpoints()
         reqs = [{"body": body(scenario, f"p-{i}", tools), "target": 0} for i in range(1_000_000)]
         result = loadgen(endpoints, reqs, concurrency=args.concurrency, deadline=args.seconds)
         done = sum(1 for r in result["records"] if r["status"] == 200)
@@ -92,15 +94,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--profiler", choices=("pyinstrument", "py-spy"), default="pyinstrument")
+    parser.add_argument("--server", choices=("toolrelay", "bare"), default="toolrelay",
+                        help="the process to profile (pyinstrument and cprofile): toolrelay or the bare relay")
+    parser.add_argument("--profiler", choices=("pyinstrument", "cprofile", "py-spy"),
+                        default="pyinstrument", help="cprofile: CPU time per function of the event loop thread")
     args = parser.parse_args()
-    if args.profiler == "pyinstrument":
+    if args.profiler in ("pyinstrument", "cprofile"):
+        os.environ["PROFILER"] = args.profiler
         pyinstrument(args)
         return
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     scenario, tools = SCENARIOS[args.scenario]
     with Stack(processes=1, litellm=False, litellm_models=[]) as stack:
-        endpoints = stack.toolrelay.endpoints()
+        endpoints = (stack.toolrelay if args.server == "toolrelay" else stack.bare).endpoints()
         warm = [{"body": body(scenario, f"warm-{i}", tools), "target": 0} for i in range(50)]
         loadgen(endpoints, warm, concurrency=4)
         raw = stack.log_dir / f"profile-{args.scenario}.txt"

@@ -77,6 +77,37 @@ UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
 UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
+#: Bounds on each tool's `parameters` JSON Schema, checked when a request arrives, before any upstream
+#: call (proxy/guard/schema_bounds.py); a schema past one gets a 400 naming it (code
+#: tool_schema_too_complex). The defaults accept the tool sets of Claude Code, Codex CLI, OpenCode and
+#: Qwen Code with a wide margin (tests/proxy/guard/test_schema_bounds.py prints their figures).
+#: Nesting of the schema's JSON (levels; twice this many subschemas with $ref expanded).
+SCHEMA_MAX_DEPTH = envint("SCHEMA_MAX_DEPTH", 32)
+#: Compact JSON text of one schema (bytes) and its JSON values (nodes).
+SCHEMA_MAX_BYTES = envint("SCHEMA_MAX_BYTES", 128 * 1024)
+SCHEMA_MAX_NODES = envint("SCHEMA_MAX_NODES", 10_000)
+#: Entries of one `enum`; subschemas of one anyOf / oneOf / allOf.
+SCHEMA_MAX_ENUM = envint("SCHEMA_MAX_ENUM", 2_000)
+SCHEMA_MAX_BRANCHES = envint("SCHEMA_MAX_BRANCHES", 128)
+#: $ref expansions a validation can go through (counted along every path: nested combinators multiply).
+SCHEMA_MAX_REFS = envint("SCHEMA_MAX_REFS", 1_000)
+#: Static cost: schema nodes with every $ref expanded (an enum adds one per 8 entries). One validation
+#: visits at most this many per JSON value of the arguments (~13 us each when every branch fails).
+SCHEMA_MAX_COST = envint("SCHEMA_MAX_COST", 20_000)
+#: A call whose estimate (static cost x JSON values of its arguments) is at most this is validated on the
+#: event loop (~30 ms at worst); above it, in the validation pool. Recursive schemas always go there.
+SCHEMA_INLINE_COST = envfloat("SCHEMA_INLINE_COST", 2_000.0)
+#: New tool schemas of one request are checked against their metaschema on the event loop up to this many
+#: JSON values together, smallest first (~0.05 ms per value for draft 7, ~0.4 ms for 2020-12); the rest in
+#: the validation pool, where past the deadline the request gets a 400 (bound "check").
+SCHEMA_INLINE_CHECK_NODES = envint("SCHEMA_INLINE_CHECK_NODES", 300)
+#: The validation pool: worker processes (forkserver), and the time one validation may take (seconds)
+#: before its worker is killed; the call then counts as invalid (finding schema-validation-unfinished).
+SCHEMA_POOL_WORKERS = envint("SCHEMA_POOL_WORKERS", 2)
+SCHEMA_VALIDATION_DEADLINE_SECONDS = envfloat("SCHEMA_VALIDATION_DEADLINE_SECONDS", 2.0)
+#: Compiled client schemas kept per process, bounded by their estimated memory (bytes; ~8 per byte of
+#: schema text), least recently used first out.
+SCHEMA_CACHE_BYTES = envint("SCHEMA_CACHE_BYTES", 64 * 1024 * 1024)
 #: Raw upstream body kept per attempt in the audit (bytes).
 AUDIT_BODY_CAP = envint("AUDIT_BODY_CAP", 256 * 1024)
 #: The audit journal (audit/journal.py): one file per process in JOURNAL_DIR (a volume shared by the

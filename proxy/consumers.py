@@ -25,7 +25,7 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
-from proxy import metrics
+from proxy import metrics, schema_pool
 from proxy import not_found as unknown_path
 from proxy.background import schedule
 from proxy.dialect import ANTHROPIC_MESSAGES, CHARS_PER_TOKEN, OPENAI_CHAT, Dialect, estimate_tokens, translated
@@ -143,6 +143,13 @@ async def wrong_key_counted(scope: Mapping[str, Any]) -> None:
 class ProxyConsumer(AsyncConsumer):
     """``/v1/*``: ``ProxyConsumer.as_asgi(dialect=..., endpoint=...)`` (``proxy.routing``)."""
 
+    #: No channel layer: an alias that is not configured makes Channels skip it. With the default one,
+    #: every request would make a channel name (``new_channel``) and wait on the layer beside the ASGI
+    #: receive: one more task per request on the byte path, and with ``REDIS_URL`` set a Redis
+    #: round trip and a blocking pop per request, so a Redis outage would reach the proxy. Only the
+    #: live incident feed uses the layer (channels/consumer.py ``AsyncConsumer.__call__``).
+    channel_layer_alias = "toolrelay-proxy-has-no-channel-layer"
+
     def __init__(self, *, dialect: Dialect = OPENAI_CHAT, endpoint: str = "not_found", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dialect = dialect
@@ -233,6 +240,7 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     data = parse_json_object(body)
     dialect = consumer.dialect
     prepared = dialect.prepare(data, body)
+    await schema_pool.check_schemas(prepared.request)  # large new tool schemas: checked off the event loop
     model = prepared.request.model
     plan = principal.resolve(model)
     if plan is None:

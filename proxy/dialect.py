@@ -26,6 +26,7 @@ from proxy.guard.emit_anthropic import error_body as anthropic_error_body
 from proxy.guard.emit_openai import OpenAIChatEmitter
 from proxy.guard.emit_responses import OpenAIResponsesEmitter
 from proxy.guard.request import ChatRequest, RequestInvalid, check_chat_fields, prepare
+from proxy.guard.schema_bounds import SchemaBounds
 from proxy.guard.translate import TranslationError
 from proxy.guard.translate_anthropic import translate_messages
 from proxy.guard.translate_responses import translate_responses
@@ -40,6 +41,13 @@ def estimate_tokens(chat_body: dict[str, Any]) -> int:
     """A rough token count of a chat.completions request: ~4 characters per token of its JSON."""
     text = json.dumps({k: chat_body.get(k) for k in ("messages", "tools")}, ensure_ascii=False)
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _bounds() -> SchemaBounds:
+    """The tool-schema bounds of the settings (``proxy.schema_pool.schema_bounds``)."""
+    from proxy.schema_pool import schema_bounds  # Django settings: read when a request arrives
+
+    return schema_bounds()
 
 
 def translated(fn: Callable[[dict[str, Any]], T], data: dict[str, Any]) -> T:
@@ -71,7 +79,7 @@ class Dialect:
         """The client's request (``data``, parsed from ``raw``) as a prepared chat request;
         ``RequestInvalid`` for a request the client must fix."""
         check_chat_fields(data)
-        return Prepared(prepare(data, raw))
+        return Prepared(prepare(data, raw, _bounds()))
 
     def emitter(self, data: dict[str, Any], prepared: Prepared) -> Emitter:
         """The emitter for one response to this request."""
@@ -96,7 +104,7 @@ class AnthropicMessagesDialect(Dialect):
 
     def prepare(self, data: dict[str, Any], raw: bytes) -> Prepared:
         t = translated(translate_messages, data)
-        return Prepared(prepare(t.body), t.dropped, t.tool_names)
+        return Prepared(prepare(t.body, bounds=_bounds()), t.dropped, t.tool_names)
 
     def emitter(self, data: dict[str, Any], prepared: Prepared) -> Emitter:
         body = prepared.request.body
@@ -122,7 +130,7 @@ class OpenAIResponsesDialect(Dialect):
 
     def prepare(self, data: dict[str, Any], raw: bytes) -> Prepared:
         t = translated(translate_responses, data)
-        return Prepared(prepare(t.body), t.dropped, t.tool_names)
+        return Prepared(prepare(t.body, bounds=_bounds()), t.dropped, t.tool_names)
 
     def emitter(self, data: dict[str, Any], prepared: Prepared) -> Emitter:
         return OpenAIResponsesEmitter(model=prepared.request.body["model"], request=data,

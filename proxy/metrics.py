@@ -96,22 +96,30 @@ class _Bounded:
 
     def __init__(self) -> None:
         self._seen: dict[str, set[str]] = {}
+        #: (label, raw value) -> its accepted text: the per-request fast path (a dict read, no lock:
+        #: several labels of every request, on the byte path). Bounded as ``_seen`` is.
+        self._accepted: dict[tuple[str, str | None], str] = {}
         self._lock = threading.Lock()
 
     def __call__(self, label: str, value: str | None) -> str:
+        known = self._accepted.get((label, value))
+        if known is not None:
+            return known
         text = "".join(ch for ch in (value or UNKNOWN) if ch.isprintable())[:LABEL_CHARS_MAX] or UNKNOWN
         with self._lock:
             seen = self._seen.setdefault(label, set())
-            if text in seen:
-                return text
-            if len(seen) >= LABEL_VALUES_MAX:
-                return OTHER
-            seen.add(text)
+            if text not in seen:
+                if len(seen) >= LABEL_VALUES_MAX:
+                    return OTHER
+                seen.add(text)
+            if len(self._accepted) < 4 * LABEL_VALUES_MAX * max(1, len(self._seen)):
+                self._accepted[(label, value)] = text
             return text
 
     def clear(self) -> None:
         with self._lock:
             self._seen.clear()
+            self._accepted.clear()
 
 
 bounded = _Bounded()

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 
 from audit.delivered import delivered_error, delivered_exhaustion, delivered_turn
+from proxy import schema_pool
 from proxy.attempts import usage_tokens
 from proxy.guard.answer import Answer, AnswerKind, RequestOutcome, exhaustion_message
-from proxy.guard.attempt import AttemptGuard, decide_completion
+from proxy.guard.attempt import AttemptGuard, completion_guard
 from proxy.guard.delivery import Delivery
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
@@ -141,7 +142,8 @@ class _Path(abc.ABC):
             return Attempted(decision)
         note = Finding(FindingKind.UPSTREAM_NOT_SSE, Severity.INFO, Action.NORMALIZED,
                        "a whole chat.completion instead of an event stream; sent as a stream")
-        decision = self.log.scrub(decide_completion(body, self.request.spec, self.call.plan.policy))
+        decision = self.log.scrub(await schema_pool.decision(completion_guard(body, self.request.spec,
+                                                                              self.call.plan.policy)))
         outcome = Outcome.NORMALIZED if decision.outcome is Outcome.CLEAN else decision.outcome
         decision = dataclasses.replace(decision, outcome=outcome, findings=(note, *decision.findings))
         prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
@@ -306,7 +308,7 @@ class Guarded(_Path):
                 if abort is not None and self.policy.early_abort:
                     break
                 await self.response.ready()  # a slow reader pauses the upstream read here
-        final = guard.finish()
+        final = await schema_pool.finish(guard)  # calls over the inline budget: validated in the pool
         await self._handle([e for e in final if not isinstance(e, Done)])
         done = next((e for e in final if isinstance(e, Done)), None)
         decision = _NO_DECISION if done is None else self.log.scrub(done.decision)
@@ -366,7 +368,8 @@ class NonStream(_Path):
             return Attempted(decision)
         if self.call.forwards_raw:
             return await self._forward(target, started, body, content_type)
-        decision = self.log.scrub(decide_completion(body, self.request.spec, self.call.plan.policy))
+        decision = self.log.scrub(await schema_pool.decision(completion_guard(body, self.request.spec,
+                                                                              self.call.plan.policy)))
         prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
         self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
                      abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,

@@ -12,6 +12,10 @@
 - After the commit: a non-retryable upstream error in-stream as itself; broken model output with
   the exhaustion policy ``error`` as an in-stream ``upstream_failed``; broken model output otherwise
   as the terminal message.
+- A last attempt whose stream was broken off (it ended with neither a finish reason nor ``[DONE]``,
+  and what it assembled was not a complete turn): the same retryable error, code
+  ``upstream_truncated``, never the terminal message or a success (issue: fault tolerance, item 6:
+  one rule for every path and dialect; the byte-exact pass-through appends the same error).
 - Retries that ended because the upstream is unreachable or too slow (transport errors, 5xx, 429,
   timeouts, the request deadline) rather than because its output was broken: a *retryable* error,
   so agents back off and try again (issue: fault tolerance, item 3): before the commit HTTP 429 /
@@ -25,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from proxy.guard.findings import FindingKind
+from proxy.guard.findings import Action, FindingKind
 from proxy.guard.policy import Exhaustion, GuardPolicy
 from proxy.guard.turn import Decision, Outcome, UpstreamError
 
@@ -84,6 +88,12 @@ def model_failure(decision: Decision) -> bool:
     return decision.outcome == Outcome.RETRY or any(f.kind in _MODEL_FAILURE_KINDS for f in decision.findings)
 
 
+def broken_off(decision: Decision) -> bool:
+    """True when ``decision``'s stream was cut: no finish reason, no ``[DONE]``, and the guard could not
+    take what arrived as a complete turn (a ``missing-finish-reason`` finding that asked for a retry)."""
+    return any(f.kind == FindingKind.MISSING_FINISH_REASON and f.action == Action.RETRY for f in decision.findings)
+
+
 def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bool, policy: GuardPolicy,
                attempts: int, request_id: str) -> Answer:
     """The answer for a request whose last attempt ended with ``decision`` after ``attempts`` calls.
@@ -99,6 +109,11 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
     reason = error.message if error is not None else decision.reason
     if error is not None and retryable and not model_failure(decision):
         return _unavailable(error, committed=committed, attempts=attempts, request_id=request_id)
+    if error is None and broken_off(decision):
+        cut = UpstreamError(502, "the upstream stream ended without a finish reason", "upstream_error",
+                            code="upstream_truncated")
+        return _unavailable(cut, committed=committed, attempts=attempts, request_id=request_id,
+                            outcome=RequestOutcome.EXHAUSTED)
     message_ok = checked and retryable and model_failure(decision) and policy.exhaustion == Exhaustion.MESSAGE
     if not committed and not message_ok:
         return _http_error(decision, attempts)
@@ -111,9 +126,12 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
     return Answer(AnswerKind.EXHAUSTED, RequestOutcome.EXHAUSTED, reason)
 
 
-def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, request_id: str) -> Answer:
-    """The retryable answer when the upstream could not be reached or was too slow."""
-    if error.status == 429:
+def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, request_id: str,
+                 outcome: RequestOutcome = RequestOutcome.UPSTREAM_ERROR) -> Answer:
+    """The retryable answer when the upstream could not be reached, was too slow, or broke its stream off."""
+    if error.code == "upstream_truncated":
+        status, code = 502, error.code
+    elif error.status == 429:
         status, code = 429, "upstream_rate_limited"
     elif error.status == 504 or error.type == "upstream_timeout":
         status, code = 504, "upstream_timeout"
@@ -127,7 +145,7 @@ def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, reques
     unavailable = UpstreamError(status, message, "upstream_error", code=code, retryable=True,
                                 retry_after=error.retry_after)
     kind = AnswerKind.STREAM_ERROR if committed else AnswerKind.HTTP_ERROR
-    return Answer(kind, RequestOutcome.UPSTREAM_ERROR, error.message, unavailable, retryable=True)
+    return Answer(kind, outcome, error.message, unavailable, retryable=True)
 
 
 def _http_error(decision: Decision, attempts: int) -> Answer:

@@ -5,7 +5,10 @@
 - ``feed(bytes)`` returns, in stream order, ``TextDelta`` (text safe to release, per choice and
   channel; leaked-markup prefixes held back), ``ToolCallValid`` (a call that is complete and valid
   before the end: a commit trigger), ``Finding`` and at most one ``Abort``.
-- ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``.
+- ``finish()`` returns the remaining events and ends with exactly one ``Done(decision)``; or, when
+  a tool call is over the inline validation budget (``RequestSpec.inline_cost``), with
+  ``Pending(checks)``: the caller gets their verdicts off the event loop (``proxy.schema_pool``),
+  ``supply``-es them and calls ``finish()`` again. Such a call is never a commit trigger.
 
 The guard releases every text delta as soon as it is safe; whether it reaches the client now, later
 or not at all (text streaming off, a retry after text was sent) is ``proxy.guard.delivery.Delivery``'s
@@ -30,14 +33,14 @@ from dataclasses import replace
 from typing import Any
 
 from proxy.guard.accumulate import AccItem, Accumulator, SlotClosed
-from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
+from proxy.guard.events import Abort, Channel, Done, Event, Pending, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, cap_fragment
 from proxy.guard.markup import MarkupScanner, ScanResult
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.repair import resolve_name
 from proxy.guard.sse import SSEDecoder, SSEEvent
 from proxy.guard.turn import ChoiceTurn, Decision, Outcome, RequestSpec, ToolCall, Turn, UpstreamError
-from proxy.guard.validate import check_turn
+from proxy.guard.validate import NeedVerdicts, Verdict, check_turn, offloaded_verdict
 
 K = FindingKind
 
@@ -58,6 +61,9 @@ class AttemptGuard:
         self.findings: list[Finding] = []
         self._aborted = False
         self._decision: Decision | None = None
+        self._drained = False
+        self._turn: Turn | None = None  # the resolved turn, kept while verdicts are pending
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -86,13 +92,19 @@ class AttemptGuard:
         return out
 
     def finish(self) -> list[Event]:
-        """End of the body: remaining events, ending with exactly one ``Done``."""
+        """End of the body: remaining events, ending with exactly one ``Done``, or with ``Pending`` when
+        calls over the inline validation budget need verdicts first (``supply`` them, call again)."""
         if self._decision is not None:
             return [Done(self._decision)]
         out: list[Event] = []
         try:
-            self._drain(out)
+            if not self._drained:
+                self._drained = True
+                self._drain(out)
             decision = self._decide(out)
+        except NeedVerdicts as need:
+            out.append(Pending(need.checks))
+            return out
         except Exception as exc:  # noqa: BLE001
             self._internal(exc, out)
             decision = _decision(self.findings, None, None)
@@ -100,6 +112,10 @@ class AttemptGuard:
         self._decision = decision
         out.append(Done(decision))
         return out
+
+    def supply(self, verdicts: dict[tuple[str, str], Verdict]) -> None:
+        """Verdicts of ``Pending`` checks, by ``(schema, arguments)``, for the next ``finish()``."""
+        self._verdicts.update(verdicts)
 
     @property
     def frames(self) -> int:
@@ -180,7 +196,10 @@ class AttemptGuard:
             return  # the turn ends now: Done follows, a commit trigger would gain nothing
         call, minted = self._acc.closed_call(item.choice, item.slot)
         self._items(minted, Where(), out)
-        checked, problems = check_turn(_single(item.choice, call), self.request, self.policy)
+        try:
+            checked, problems = check_turn(_single(item.choice, call), self.request, self.policy)
+        except NeedVerdicts:
+            return  # too costly to validate here: decided at the end, off the event loop
         if not any(p.fatal for p in problems):
             out.append(ToolCallValid(item.choice, item.slot, checked.choices[0].tool_calls[0]))
 
@@ -208,11 +227,13 @@ class AttemptGuard:
     def _decide(self, out: list[Event]) -> Decision:
         if self._aborted:
             return _decision(self.findings, None, self._acc.error)
-        texts = {k: "".join(v) for k, v in self._texts.items()}
-        turn, resolved = self._acc.resolve(texts, self._calls)
-        self._record(resolved, out)
+        if self._turn is None:
+            texts = {k: "".join(v) for k, v in self._texts.items()}
+            self._turn, resolved = self._acc.resolve(texts, self._calls)
+            self._record(resolved, out)
+        turn = self._turn
         if not any(f.fatal for f in self.findings):
-            turn, checked = check_turn(turn, self.request, self.policy)
+            turn, checked = check_turn(turn, self.request, self.policy, self._verdicts)
             self._record(checked, out)
         if not any(f.fatal for f in self.findings):
             self._record(_empty_choices(turn, self.request), out)
@@ -275,22 +296,27 @@ def _indexed(tc: Any, i: int) -> Any:
     return tc
 
 
+def finished_inline(guard: AttemptGuard) -> Decision:
+    """``guard.finish()``'s decision, any ``Pending`` validation run here, inline (tests, sans-IO use;
+    the relay runs them in the validation pool instead, ``proxy.schema_pool``)."""
+    last = guard.finish()[-1]
+    while isinstance(last, Pending):
+        guard.supply({(c.schema, c.arguments): offloaded_verdict(c.schema, c.arguments) for c in last.checks})
+        last = guard.finish()[-1]
+    assert isinstance(last, Done)
+    return last.decision
+
+
 def guard_body(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decision:
     """The decision for a whole SSE body (tests, buffered use): ``feed(body)`` then ``finish()``."""
     guard = AttemptGuard(request, policy)
     guard.feed(body)
-    done = guard.finish()[-1]
-    assert isinstance(done, Done)
-    return done.decision
+    return finished_inline(guard)
 
 
-def decide_completion(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decision:
-    """Validate a non-stream upstream answer (``chat.completion`` JSON bytes) like a stream.
-
-    Tool calls, markup leaked into ``message.content`` / ``reasoning_content``, finish reason
-    and in-band ``error`` objects are handled exactly as for streams; an unparseable body is a retry
-    (``UNPARSEABLE_DATA_FRAME``).
-    """
+def completion_guard(body: bytes, request: RequestSpec, policy: GuardPolicy) -> AttemptGuard | Decision:
+    """A guard that has read a whole non-stream answer (``chat.completion`` JSON bytes), ready to
+    ``finish()``; or, for a body that is not JSON, the decision (a retry, ``UNPARSEABLE_DATA_FRAME``)."""
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else ""
     try:
         obj = json.loads(text)
@@ -300,6 +326,15 @@ def decide_completion(body: bytes, request: RequestSpec, policy: GuardPolicy) ->
         return Decision(Outcome.RETRY, None, (f,), f.detail)
     guard = AttemptGuard(request, policy, stream=False)
     guard.feed_completion(obj, text)
-    done = guard.finish()[-1]
-    assert isinstance(done, Done)
-    return done.decision
+    return guard
+
+
+def decide_completion(body: bytes, request: RequestSpec, policy: GuardPolicy) -> Decision:
+    """Validate a non-stream upstream answer (``chat.completion`` JSON bytes) like a stream.
+
+    Tool calls, markup leaked into ``message.content`` / ``reasoning_content``, finish reason
+    and in-band ``error`` objects are handled exactly as for streams; an unparseable body is a retry
+    (``UNPARSEABLE_DATA_FRAME``). Validations over the inline budget run inline (``finished_inline``).
+    """
+    guard = completion_guard(body, request, policy)
+    return guard if isinstance(guard, Decision) else finished_inline(guard)

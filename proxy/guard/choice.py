@@ -35,7 +35,8 @@ class ChoiceAccumulator:
     """Everything seen for choice ``index``: ``table`` (its tool-call slots), ``finishes`` (raw
     finish_reason values in order), whether text or a role arrived, the frame of the first finish."""
 
-    __slots__ = ("index", "notes", "stream", "table", "finishes", "has_text", "role_seen", "finished_at")
+    __slots__ = ("index", "notes", "stream", "table", "finishes", "has_text", "text_after_calls", "role_seen",
+                 "finished_at")
 
     def __init__(self, index: int, names: frozenset[str], policy: GuardPolicy, notes: Notes, *,
                  stream: bool) -> None:
@@ -45,6 +46,7 @@ class ChoiceAccumulator:
         self.table = SlotTable(index, names, policy, notes)
         self.finishes: list[str] = []
         self.has_text = False
+        self.text_after_calls = False  # text arrived after a tool call had started (the stream-end rule)
         self.role_seen = False
         self.finished_at: int | None = None
 
@@ -95,6 +97,8 @@ class ChoiceAccumulator:
             if text and channel not in seen:
                 seen.add(channel)
                 self.has_text = True
+                if self.table.slots:
+                    self.text_after_calls = True
                 self.notes.push(TextDelta(self.index, channel, text))
 
     def _legacy_function_call(self, fc: Any, *, finishing: bool) -> None:

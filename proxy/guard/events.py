@@ -1,7 +1,8 @@
 """Events the attempt guard hands to the relay (see ``proxy.guard.attempt.AttemptGuard``).
 
 ``feed()`` returns ``TextDelta``, ``ToolCallValid``, ``Finding`` and ``Abort`` events in stream
-order; ``finish()`` returns the remaining ones and ends with exactly one ``Done``.
+order; ``finish()`` returns the remaining ones and ends with exactly one ``Done`` (or ``Pending``,
+when validations must first run off the event loop).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Literal
 
 from proxy.guard.findings import Finding
 from proxy.guard.turn import Decision, ToolCall
+from proxy.guard.validate import Offloaded
 
 Channel = Literal["content", "reasoning", "refusal"]
 
@@ -47,4 +49,13 @@ class Done:
     decision: Decision
 
 
-Event = TextDelta | ToolCallValid | Finding | Abort | Done
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """``finish()`` needs the verdicts of ``checks`` (validations over the inline budget) before it can
+    decide: the caller runs them off the event loop, hands them to ``AttemptGuard.supply`` and calls
+    ``finish()`` again. Then the last event of ``finish()``, in place of ``Done``."""
+
+    checks: tuple[Offloaded, ...]
+
+
+Event = TextDelta | ToolCallValid | Finding | Abort | Done | Pending

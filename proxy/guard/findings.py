@@ -97,6 +97,9 @@ class FindingKind(enum.StrEnum):
     DUPLICATE_TOOL_CALL = "duplicate-tool-call"
     SCHEMA_VIOLATION = "schema-violation"
     TOOL_SCHEMA_INVALID = "tool-schema-invalid"  # the client's own parameters schema is unusable
+    # a call over the inline validation budget got no verdict from the validation pool (its worker was
+    # killed at the deadline, or died): the call counts as invalid, the attempt is retried
+    SCHEMA_VALIDATION_UNFINISHED = "schema-validation-unfinished"
     TOOL_CHOICE_VIOLATION = "tool-choice-violation"
     PARALLEL_TOOL_CALLS_VIOLATION = "parallel-tool-calls-violation"
     MISSING_FINISH_REASON = "missing-finish-reason"

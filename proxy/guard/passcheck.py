@@ -23,6 +23,7 @@ from typing import Any
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 
 K = FindingKind
+_decode = json.JSONDecoder().decode
 
 
 class PassCheck:
@@ -54,9 +55,10 @@ class PassCheck:
         """The bytes of ``chunk`` (after what was held) that end with a line end; the rest is held."""
         data = self._carry + chunk if self._carry else chunk
         cut = data.rfind(b"\n") + 1
-        if self._secrets and any(secret in data for secret in self._secrets):
-            self._note(K.CREDENTIAL_REFLECTED, "the upstream's answer contains toolrelay's credential for it "
-                       "(forwarded unchanged: the pass-through is byte-exact)")
+        for secret in self._secrets:
+            if secret in data:
+                self._note(K.CREDENTIAL_REFLECTED, "the upstream's answer contains toolrelay's credential for it "
+                           "(forwarded unchanged: the pass-through is byte-exact)")
         if cut == 0 and len(data) <= self.max_line:
             self._carry = data
             return b""
@@ -64,43 +66,50 @@ class PassCheck:
             self._note(K.UNPARSEABLE_DATA_FRAME, "an SSE line longer than the bound was forwarded unchecked")
             self._carry = b""
             return data
-        ready, self._carry = data[:cut], data[cut:]
-        if len(self._carry) > self.max_line:
+        if cut == len(data):  # the usual chunk: whole lines
             ready, self._carry = data, b""
-        self._lines(ready)
-        return ready
-
-    def _lines(self, ready: bytes) -> None:
+        else:
+            ready, self._carry = data[:cut], data[cut:]
+            if len(self._carry) > self.max_line:
+                ready, self._carry = data, b""
         for line in ready.split(b"\n")[:-1]:
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:
+            if not line or line == b"\r":
                 self._open = False
-            elif line.startswith(b"data:"):
+            elif line[:5] == b"data:":
                 self._open = True
                 self._data(line[5:].strip())
+        return ready
 
     def _data(self, data: bytes) -> None:
+        # Every pass-through frame comes here (budget: 0.15 ms per 21-frame request, issue 11): one JSON
+        # parse (is it JSON at all?), then only the fields whose names the frame's bytes contain. A frame
+        # with a JSON escape could spell a key with one (``"us\u0061ge"``): it takes every check.
         self.frames += 1
-        if data.startswith(b"[DONE]"):
+        if data[:6] == b"[DONE]":
             self.done = True
             return
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = _decode(data.decode())  # SSE is UTF-8 (WHATWG HTML 9.2.5): other bytes are not a frame
+        except ValueError:  # UnicodeDecodeError included
             self._note(K.UNPARSEABLE_DATA_FRAME, "a data line of the pass-through stream is not JSON")
             return
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return
-        if obj.get("error"):
+        escaped = b"\\u" in data
+        if (escaped or b'"error"' in data) and obj.get("error"):
             self.error = self.error or obj["error"]
             self._note(K.MID_STREAM_ERROR_CHUNK, "an in-stream error object reached the client", Action.ERROR)
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-        choices = obj.get("choices")
-        if isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
-            self.finished = True
+        if escaped or b'"usage"' in data:
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+        if not self.finished and (escaped or b'"finish_reason"' in data):
+            choices = obj.get("choices")
+            if isinstance(choices, list):
+                for choice in choices:
+                    if isinstance(choice, dict) and choice.get("finish_reason"):
+                        self.finished = True
+                        break
 
     @property
     def half_sent(self) -> bool:

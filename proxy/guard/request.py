@@ -8,11 +8,13 @@ tools, ``stream_options.include_usage``, the guard's ``RequestSpec``) exactly on
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.guard.turn import RequestSpec
-from proxy.guard.validate import tool_declaration_problem
+from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure
+from proxy.guard.turn import RequestSpec, ToolSpec
+from proxy.guard.validate import cached_schema, compile_schema, schema_key, tool_declaration_problem
 
 
 class RequestInvalid(ValueError):
@@ -35,13 +37,16 @@ class ChatRequest:
     ``body`` is the request (``model`` = the client's public model name; the upstream client maps it);
     ``raw`` the client's exact bytes when it spoke OpenAI Chat (sent upstream unchanged when nothing
     needs rewriting, so a pass-through stays byte-identical both ways), else None; ``spec`` what the
-    guard validates against; ``include_usage``: the client asked for a usage chunk.
+    guard validates against; ``include_usage``: the client asked for a usage chunk; ``unchecked``: the
+    ``(tool name, position in tools, schema key)`` of declared schemas too large to check against their
+    metaschema on the event loop (``proxy.schema_pool.check_schemas`` checks them before any upstream call).
     """
 
     body: dict[str, Any]
     spec: RequestSpec
     raw: bytes | None = None
     include_usage: bool = False
+    unchecked: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def model(self) -> str:
@@ -59,14 +64,74 @@ class ChatRequest:
         return bool(self.body.get("tools"))
 
 
-def prepare(body: dict[str, Any], raw: bytes | None = None) -> ChatRequest:
+def prepare(body: dict[str, Any], raw: bytes | None = None, bounds: SchemaBounds | None = None) -> ChatRequest:
     """Check ``body``'s tool declarations and build its ``ChatRequest``; ``RequestInvalid`` when a
-    declaration can never be satisfied (``proxy.guard.validate.tool_declaration_problem``)."""
+    declaration can never be satisfied (``proxy.guard.validate.tool_declaration_problem``) or a tool's
+    ``parameters`` schema is beyond ``bounds`` (``check_schemas``; default ``SchemaBounds()``)."""
+    bounds = bounds or SchemaBounds()
     spec = RequestSpec.from_openai(body)
     problem = tool_declaration_problem(spec)
     if problem is not None:
         raise RequestInvalid(problem[0], param=problem[1])
-    return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested)
+    unchecked = check_schemas(body, spec, bounds)
+    spec = dataclasses.replace(spec, inline_cost=bounds.inline_cost, inline_check_nodes=bounds.inline_check_nodes)
+    return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested, unchecked=unchecked)
+
+
+def check_schemas(body: dict[str, Any], spec: RequestSpec,
+                  bounds: SchemaBounds) -> tuple[tuple[str, int, str], ...]:
+    """Measure every declared tool's ``parameters`` against ``bounds`` and compile it (into the schema
+    cache), before any upstream call; return the ``(name, position, schema key)`` of the schemas left to check in
+    the validation pool (not cached, and past ``bounds.inline_check_nodes`` JSON values together,
+    counted from the smallest schema up).
+
+    ``RequestInvalid`` (code ``tool_schema_too_complex``, ``param`` ``tools[i].function.parameters``)
+    names the tool and the bound it exceeds. Linear in the schemas' size
+    (``proxy.guard.schema_bounds.measure``); the metaschema check of the schemas compiled here is bounded
+    by ``inline_check_nodes``, and validating a call by the inline budget and the validation pool."""
+    positions = {name: i for i, name in enumerate(_declared_names(body))}
+    fresh: list[tuple[ToolSpec, int]] = []
+    for tool in spec.tools:
+        if tool.parameters is None:
+            continue
+        cached = cached_schema(tool.parameters)
+        if cached is not None and cached.validator is not None:  # measured when compiled: its figures suffice
+            over = exceeded(cached.cost, bounds)
+            if over is not None:
+                raise schema_refused(tool.name, positions.get(tool.name, 0), over.bound, over.message)
+            continue
+        try:
+            measured = measure(tool.parameters, bounds)
+        except SchemaTooComplex as exc:
+            raise schema_refused(tool.name, positions.get(tool.name, 0), exc.bound, exc.message) from None
+        except (ValueError, RecursionError):  # not serialisable: the validator reports it as unusable
+            continue
+        fresh.append((tool, measured.nodes))
+    left: list[tuple[str, int, str]] = []
+    budget = bounds.inline_check_nodes
+    for tool, nodes in sorted(fresh, key=lambda item: item[1]):  # the smallest first, while they fit
+        if nodes <= budget:
+            budget -= nodes
+            compile_schema(tool.parameters or {})
+        else:
+            left.append((tool.name, positions.get(tool.name, 0), schema_key(tool.parameters or {})))
+    return tuple(left)
+
+
+def schema_refused(name: str, position: int, bound: str, message: str) -> RequestInvalid:
+    """The 400 for tool ``name`` (at ``tools[position]``) whose schema is past ``bound`` (``message``)."""
+    return RequestInvalid(f"tool {name[:100]!r}: its parameters schema is too complex to validate "
+                          f"({bound}: {message})", param=f"tools[{position}].function.parameters",
+                          code="tool_schema_too_complex")
+
+
+def _declared_names(body: dict[str, Any]) -> list[str | None]:
+    """The function name of each entry of ``body["tools"]`` (None for one without), in order."""
+    names: list[str | None] = []
+    for tool in body.get("tools") or ():
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        names.append(fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None)
+    return names
 
 
 def check_chat_fields(data: dict[str, Any]) -> None:

@@ -51,7 +51,7 @@ class ChoiceResolver:
         if not complete:
             self._incomplete(ch, out)
         elif not ch.finishes:
-            self._missing_finish(ch)
+            self._missing_finish(ch, out)
         if out.finish_reason == "content_filter" and out.tool_calls:
             self.notes.note(K.CONTENT_FILTERED, Action.NORMALIZED, "content_filter finish: tool calls dropped", i)
             out.tool_calls = []
@@ -132,8 +132,16 @@ class ChoiceResolver:
             self.notes.note(K.MISSING_FINISH_REASON, Action.RETRY,
                             "stream ended without finish_reason inside tool-call arguments", ch.index)
 
-    def _missing_finish(self, ch: ChoiceAccumulator) -> None:
-        if not self.terminated:
+    def _missing_finish(self, ch: ChoiceAccumulator, out: ChoiceTurn) -> None:
+        """No finish reason. Without ``[DONE]`` either the stream was broken off (a retry; when retries
+        run out, the retryable ``upstream_truncated`` error, ``proxy.guard.answer``), unless what arrived
+        is provably a whole turn: tool calls whose arguments are complete JSON values, nothing after
+        them; such a turn ends as a tool-call turn with a finding (its calls are still validated against
+        their schemas, and retried when invalid). Issue: fault tolerance, item 6."""
+        if not self.terminated and out.tool_calls and not ch.text_after_calls:
+            self.notes.note(K.MISSING_FINISH_REASON, Action.NORMALIZED, "stream ended without finish_reason "
+                            "and without [DONE] after complete tool calls: taken as a tool-call turn", ch.index)
+        elif not self.terminated:
             self.notes.note(K.MISSING_FINISH_REASON, Action.RETRY,
                             "stream ended without finish_reason and without [DONE]", ch.index)
         else:

@@ -8,6 +8,7 @@ finish reason; usage is per turn.
 from __future__ import annotations
 
 import enum
+import math
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -89,7 +90,11 @@ class RequestSpec:
 
     ``tool_choice`` is ``"auto" | "none" | "required"`` or the name of one forced function;
     ``parallel_tool_calls`` False means at most one call per choice; ``n`` is the number of choices;
-    ``usage_requested``: the upstream was asked for a usage chunk (so one is not a finding).
+    ``usage_requested``: the upstream was asked for a usage chunk (so one is not a finding);
+    ``inline_cost``: the validation budget of one call on the event loop (``schema_bounds.SchemaBounds``;
+    infinite unless ``proxy.guard.request.prepare`` set it, so a bare spec validates everything inline);
+    ``inline_check_nodes``: a schema not in the compiled-schema cache with more JSON values than this is
+    not compiled on the event loop (its calls are validated in the pool).
     """
 
     tools: tuple[ToolSpec, ...] = ()
@@ -97,6 +102,8 @@ class RequestSpec:
     parallel_tool_calls: bool = True
     n: int = 1
     usage_requested: bool = False  # the upstream request had stream_options.include_usage
+    inline_cost: float = math.inf
+    inline_check_nodes: int = 2**62
 
     @property
     def names(self) -> frozenset[str]:

@@ -203,6 +203,10 @@ class LimitedRequest(WebRequest):  # type: ignore[misc]  # Daphne is untyped
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Twisted parses the Content-Type of every POST (with the email package) to decode HTML form
+        # bodies into ``request.args``; Daphne never reads ``args`` (ASGI gets the raw body), so that is
+        # only CPU spent per request (twisted/web/http.py ``Request.requestReceived``).
+        self._parsePOSTFormSubmission = False
         self.backpressure = Backpressure()
         self.refused = False
         self._body_bytes = 0

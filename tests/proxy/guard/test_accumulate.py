@@ -489,3 +489,24 @@ def test_it_reads_a_whole_message_sent_inside_a_stream_once():
     assert d.turn is not None and d.turn.choices[0].content == "hi"
     d, _ = run(sse(text("hi"), whole))
     assert d.turn is not None and d.turn.choices[0].content == "hi"
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096])
+def test_a_cut_stream_of_complete_tool_calls_ends_as_a_tool_call_turn(step: int) -> None:
+    """The stream-end rule (issue 11 item 6): no finish reason and no [DONE], but every call's arguments a
+    complete JSON value and nothing after them: a tool-call turn with a finding, not a retry. Text after
+    the calls, arguments still open, or arguments invalid for the schema: a retry."""
+    d, _ = run(sse(text("Checking."), tools(call(0, "a", "get_weather", '{"city":'), call(1, "b", "read_file", "")),
+                   tools(call(0, None, None, '"Paris"}'), call(1, None, None, '{"path": "x"}')), done=False), step=step)
+    assert d.outcome is not Outcome.RETRY, d.reason
+    assert calls_of(d) == [("get_weather", {"city": "Paris"}), ("read_file", {"path": "x"})]
+    assert d.turn is not None and d.turn.choices[0].finish_reason == "tool_calls"
+    assert K.MISSING_FINISH_REASON in kinds(d)
+    after = sse(tools(call(0, "a", "get_weather", W)), text(" and then"), done=False)
+    assert run(after, step=step)[0].outcome is Outcome.RETRY
+    still_open = sse(tools(call(0, "a", "get_weather", '{"city": "Pa')), done=False)
+    assert run(still_open, step=step)[0].outcome is Outcome.RETRY
+    invalid = sse(tools(call(0, "a", "get_weather", '{"town": "Paris"}')), done=False)
+    assert run(invalid, step=step)[0].outcome is Outcome.RETRY
+    only_text = sse(text("Hello"), done=False)
+    assert run(only_text, step=step)[0].outcome is Outcome.RETRY

@@ -109,3 +109,31 @@ def test_it_tells_model_failures_from_transport_failures() -> None:
     assert model_failure(BROKEN) and model_failure(inband) and not model_failure(TIMEOUT)
     assert RequestOutcome.delivered(Decision(Outcome.REPAIRED, None), 0) is RequestOutcome.REPAIRED
     assert RequestOutcome.delivered(Decision(Outcome.CLEAN, None), 2) is RequestOutcome.RECOVERED
+
+
+CUT = Decision(Outcome.RETRY, None, (Finding(FindingKind.MISSING_FINISH_REASON, Severity.ERROR, Action.RETRY,
+                                              "stream ended without finish_reason and without [DONE]"),),
+               reason="stream ended without finish_reason and without [DONE]")
+
+
+@pytest.mark.parametrize("policy", [MESSAGE, ERROR])
+@pytest.mark.parametrize(("committed", "stream", "checked"), [
+    (False, True, True), (True, True, True), (False, False, True), (False, True, False), (True, True, False)])
+def test_a_stream_broken_off_to_the_end_is_a_retryable_error_never_a_success(policy: GuardPolicy, committed: bool,
+                                                                              stream: bool, checked: bool) -> None:
+    """Retries spent on streams that ended with neither a finish reason nor [DONE]: on every path and with
+    either exhaustion policy, the retryable ``upstream_truncated`` error (HTTP before the commit, in-stream
+    after it), never the terminal message; the request is audited as exhausted."""
+    a = answer(CUT, committed=committed, stream=stream, checked=checked, policy=policy)
+    assert a.kind is (AnswerKind.STREAM_ERROR if committed else AnswerKind.HTTP_ERROR)
+    assert error_of(a).code == "upstream_truncated" and error_of(a).status == 502
+    assert a.retryable and error_of(a).retryable
+    assert a.outcome is RequestOutcome.EXHAUSTED
+
+
+def test_a_finish_decided_at_the_end_is_not_broken_off() -> None:
+    """``[DONE]`` without a finish reason is normalised, not cut: broken model output keeps its answer."""
+    done = Decision(Outcome.RETRY, None, (Finding(FindingKind.MISSING_FINISH_REASON, Severity.INFO,
+                                                  Action.NORMALIZED, "no finish_reason; decided at the end"),
+                                          *BROKEN.findings), reason=BROKEN.reason)
+    assert answer(done).kind is AnswerKind.EXHAUSTED

@@ -104,3 +104,30 @@ def test_it_bounds_what_it_holds() -> None:
     data = b"data: " + b"x" * 500
     assert check.feed(data) == data
     assert K.UNPARSEABLE_DATA_FRAME in {f.kind for f in check.findings}
+
+
+@given(st.sampled_from(["finish_reason", "usage", "error"]), st.data())
+def test_a_key_spelled_with_json_escapes_is_read_like_the_plain_one(key: str, data: st.DataObject) -> None:
+    """The checks look for a field's name in the frame's bytes before reading it; a JSON parser reads
+    ``"us\\u0061ge"`` as ``"usage"``, so a frame with escapes takes every check."""
+    i = data.draw(st.integers(0, len(key) - 1))
+    spelled = key[:i] + f"\\u{ord(key[i]):04x}" + key[i + 1:]
+    value = {"finish_reason": '[{"index": 0, "delta": {}, "SPELLED": "stop"}]',
+             "usage": '{"prompt_tokens": 3, "completion_tokens": 2}',
+             "error": '{"message": "overloaded"}'}[key]
+    if key == "finish_reason":
+        body = '{"id": "c", "choices": ' + value.replace("SPELLED", spelled) + "}"
+    else:
+        body = '{"id": "c", "choices": [], "' + spelled + '": ' + value + "}"
+    plain = body.replace(spelled, key)
+    assert json.loads(body) == json.loads(plain)
+    got, want = run(b"data: " + body.encode() + b"\n\n", 7)[0], run(b"data: " + plain.encode() + b"\n\n", 7)[0]
+    assert (got.finished, got.usage, got.error) == (want.finished, want.usage, want.error)
+    assert (want.finished, want.usage, want.error) != (False, None, None)
+
+
+def test_invalid_utf8_in_a_frame_is_not_json() -> None:
+    """SSE is UTF-8: a frame with a stray byte is a finding, as a client's decoder would fail on it."""
+    check, out = run(b'data: {"id": "c", "choices": [{"delta": {"content": "a\x80b"}}]}\n\n' + CLEAN, 5)
+    assert K.UNPARSEABLE_DATA_FRAME in {f.kind for f in check.findings}
+    assert out.endswith(CLEAN)
