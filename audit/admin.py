@@ -400,7 +400,12 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
     def get_urls(self) -> list[URLPattern]:
         dashboard = path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="audit_dashboard")
         live = path("incidents/", self.admin_site.admin_view(self.incidents_view), name="audit_incidents")
-        return [dashboard, live, *super().get_urls()]
+        usage = path("usage/", self.admin_site.admin_view(self.usage_view), name="audit_usage")
+        return [dashboard, live, usage, *super().get_urls()]
+
+    def usage_view(self, request: HttpRequest) -> HttpResponse:
+        """Usage per key, tenant, model or upstream (``audit.views.usage``) inside the admin's chrome."""
+        return views.usage(request, self.admin_site)
 
     def incidents_view(self, request: HttpRequest) -> HttpResponse:
         """The live incident feed (``audit.views.incidents``) inside the admin's chrome."""

@@ -279,3 +279,32 @@ def _bar_charts(figures: Figures, labels: dict[str, str], links: ChartLinks | No
                   links=urls(figures["clients"],
                              lambda to, r: to.requests(client_user_agent=r["user_agent"], **CORRUPTED))),
     ]
+
+
+#: Bars per usage chart (the rest is in the table and the CSV).
+USAGE_BARS = 15
+
+
+def usage_charts(rows: Sequence[dict[str, Any]], over_time: Sequence[dict[str, Any]]) -> list[Chart]:
+    """The usage page's charts (``audit.usage``): tokens and requests over time, then per group (the
+    ``USAGE_BARS`` largest) tokens, wasted tokens and seconds, loops broken."""
+    buckets = [r["bucket"] for r in over_time]
+
+    def line(name: str) -> dict[str, float]:
+        return {r["bucket"]: r[name] for r in over_time}
+
+    def bars(title: str, value: Callable[[dict[str, Any]], float]) -> Chart:
+        top = sorted(rows, key=lambda r: -value(r))[:USAGE_BARS]
+        return bar_chart(title, [(r["group"], value(r)) for r in top if value(r)])
+
+    return [
+        line_chart("Tokens over time", buckets, {"input": line("prompt_tokens"), "output": line("completion_tokens"),
+                                                 "output wasted on failed attempts": line("wasted_completion_tokens")},
+                   percent=False),
+        line_chart("Requests over time", buckets, {"requests": line("requests")}, percent=False),
+        bars("Tokens (input + output)", lambda r: r["prompt_tokens"] + r["completion_tokens"]),
+        bars("Tokens wasted on failed attempts (input + output)",
+             lambda r: r["wasted_prompt_tokens"] + r["wasted_completion_tokens"]),
+        bars("Seconds wasted on failed attempts", lambda r: r["wasted_seconds"]),
+        bars("Agent loops broken", lambda r: r["loops_broken"]),
+    ]

@@ -70,6 +70,11 @@ def _write(out: TextIO, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]
     return count
 
 
+def write_rows(out: TextIO, columns: tuple[str, ...], rows: Iterable[dict[str, Any]]) -> int:
+    """``rows`` (dicts with at least ``columns``) as safe CSV into ``out``, a header first; returns the rows."""
+    return _write(out, columns, rows)
+
+
 def _request_rows(scope: Scope) -> Iterator[dict[str, Any]]:
     rows = (scope.requests().order_by("created", "id")
             .annotate(tenant_slug=F("tenant__slug"), upstream_name=F("upstream__name"), n_findings=Count("findings"))

@@ -6,6 +6,8 @@ turns those records into incidents, without the database (Postgres may be what i
 - ``exhausted``: a request whose retries ran out (finish record, outcome ``exhausted``);
 - ``retry``: a request that needed more than one upstream call and was recovered (``recovered-by-retry``);
 - ``loop-broken``: a finding of kind ``agent-loop`` (the loop breaker's), in any record;
+- ``retry-budget``: a finding of kind ``retry-budget-spent`` (a tenant's retry budget stopped a retry,
+  ``proxy.retry_budget``); one incident per tenant per ``BUDGET_QUIET`` seconds;
 - ``upstream-unreachable``: ``BURST_COUNT`` attempts to one upstream within ``BURST_WINDOW`` seconds that
   could not connect, timed out or got a 5xx; one incident per burst (quiet for a window after it);
 - ``journal-not-draining`` / ``journal-draining``: the writer's database state changed (``journal_state``).
@@ -25,6 +27,10 @@ from typing import Any
 
 #: The finding kind the loop breaker records (``proxy.guard.findings.FindingKind``), matched by name.
 AGENT_LOOP = "agent-loop"
+#: The finding kind of a retry the tenant's retry budget refused.
+RETRY_BUDGET_SPENT = "retry-budget-spent"
+#: Seconds after a ``retry-budget`` incident during which the same tenant's are not repeated.
+BUDGET_QUIET = 600.0
 #: Attempt findings that mean the upstream could not be reached or did not answer in time.
 UNREACHABLE_KINDS = frozenset({"upstream_connection_error", "upstream_timeout"})
 BURST_COUNT = 3
@@ -36,6 +42,7 @@ MAX_TRACKED = 1000
 Incident = dict[str, Any]
 #: (kind, label) of every incident kind, in the order the live page offers them.
 KINDS = (("exhausted", "exhausted"), ("retry", "recovered by retry"), ("loop-broken", "loop broken"),
+         ("retry-budget", "retry budget spent"),
          ("upstream-unreachable", "upstream unreachable"), ("journal-not-draining", "journal not draining"),
          ("journal-draining", "journal draining again"))
 
@@ -77,6 +84,7 @@ class Detector:
         self.burst_window = burst_window
         self._failures: dict[tuple[int, int | None], deque[float]] = {}
         self._quiet_until: dict[tuple[int, int | None], float] = {}
+        self._budget_quiet: dict[int, float] = {}
 
     def feed(self, records: Iterable[dict[str, Any]]) -> list[Incident]:
         """The incidents of ``records`` (journal lines in order)."""
@@ -99,6 +107,7 @@ class Detector:
         if tenant is None:
             return []
         out = self._loops(record, tenant, rid)
+        out.extend(self._budget(record, tenant, rid))
         if kind == "finish":
             out.extend(self._finished(record, tenant, rid))
         elif kind == "attempt":
@@ -112,6 +121,19 @@ class Detector:
         upstream = _int(record.get("upstream_id")) or _int((record.get("req") or {}).get("upstream_id"))
         return [incident("loop-broken", "warning", "An agent loop was broken", tenant_id=tenant, request_id=rid,
                          upstream_id=upstream, detail=str(loops[0].get("detail") or ""), at=_at(record))]
+
+    def _budget(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
+        spent = [f for f in _findings(record) if f.get("kind") == RETRY_BUDGET_SPENT]
+        now = _at(record.get("res") or record, "finished") if record.get("t") == "finish" else _at(record)
+        if not spent or now < self._budget_quiet.get(tenant, 0.0):
+            return []
+        self._budget_quiet[tenant] = now + BUDGET_QUIET
+        if len(self._budget_quiet) > MAX_TRACKED:
+            self._budget_quiet.pop(next(iter(self._budget_quiet)))
+        upstream = _int((record.get("req") or {}).get("upstream_id"))
+        return [incident("retry-budget", "warning", "The tenant's retry budget is spent: broken answers get one "
+                         "attempt", tenant_id=tenant, request_id=rid, upstream_id=upstream,
+                         detail=str(spent[0].get("detail") or ""), at=now)]
 
     def _finished(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
         req, res = record.get("req") or {}, record.get("res") or {}

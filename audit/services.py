@@ -88,6 +88,8 @@ class RequestResult:
     error: str = ""
     #: What the client received at the end (``audit.delivered`` shapes); None when not recorded.
     delivered: dict[str, Any] | None = None
+    #: Request-level findings decided at the end (the loop breaker's ``agent-loop``).
+    findings: Sequence[GuardFinding] = ()
 
 
 # ----- the byte path: records into the journal -----
@@ -152,11 +154,14 @@ def limit_learned(*, fact: Any) -> None:
 def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
     """Journal how ``request`` ended (self-contained: the row can be created from this record alone)."""
     r = result
-    _journal_append({"t": "finish", "id": str(request.id), "req": _request_json(request), "res": {
+    record: dict[str, Any] = {"t": "finish", "id": str(request.id), "req": _request_json(request), "res": {
         "outcome": r.outcome, "status": r.status, "attempts": r.attempts, "ttft_ms": r.ttft_ms,
         "total_ms": r.total_ms, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
         "wasted_completion_tokens": r.wasted_completion_tokens, "wasted_ms": r.wasted_ms,
-        "error": r.error[:2000], "delivered": r.delivered, "finished": timezone.now().timestamp()}})
+        "error": r.error[:2000], "delivered": r.delivered, "finished": timezone.now().timestamp()}}
+    if r.findings:
+        record["findings"] = [_finding_json(f, False) for f in r.findings]
+    _journal_append(record)
 
 
 # ----- the writer: batches into the database -----
@@ -222,6 +227,7 @@ class Batch:
     finishes: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # request-level findings by request
+    end_notes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # ... decided at the request's end
     learned: list[dict[str, Any]] = field(default_factory=list)  # learned upstream limits, in journal order
 
     @classmethod
@@ -241,6 +247,8 @@ class Batch:
                     batch.notes[rid] = record["findings"]
             elif kind == "finish":
                 batch.finishes[rid] = (record["req"], record["res"])
+                if record.get("findings"):
+                    batch.end_notes[rid] = record["findings"]
             elif kind == "attempt":
                 batch.attempts.append(record)
         return batch
@@ -268,7 +276,9 @@ def _requests(batch: Batch) -> tuple[set[str], set[str]]:
     new = [_request_row(rid, *(batch.finishes[rid] if rid in batch.finishes else (batch.starts[rid], None)))
            for rid in sorted(ids - existing) if rid in batch.finishes or rid in batch.starts]
     ProxyRequest.objects.bulk_create(new)
-    Finding.objects.bulk_create([_request_finding(row, f) for row in new for f in batch.notes.get(str(row.id), ())])
+    Finding.objects.bulk_create([_request_finding(row, f) for row in new
+                                 for f in (*batch.notes.get(str(row.id), ()), *batch.end_notes.get(str(row.id), ()))])
+    _end_notes(batch, existing)
     updated = []
     for rid in sorted(set(batch.finishes) & existing):
         row = ProxyRequest(id=uuid.UUID(rid))
@@ -278,6 +288,16 @@ def _requests(batch: Batch) -> tuple[set[str], set[str]]:
         _update_results(updated)
     created = {str(r.id) for r in new}
     return existing | created, created
+
+
+def _end_notes(batch: Batch, existing: set[str]) -> None:
+    """The end findings of requests whose row exists and is not finished yet (a replayed finish adds none)."""
+    ids = [uuid.UUID(rid) for rid in batch.end_notes if rid in existing and rid in batch.finishes]
+    if not ids:
+        return
+    open_rows = ProxyRequest.objects.filter(id__in=ids, finished__isnull=True).values_list("id", "tenant_id", "created")
+    Finding.objects.bulk_create([_request_finding(ProxyRequest(id=rid, tenant_id=tenant, created=created), f)
+                                 for rid, tenant, created in open_rows for f in batch.end_notes[str(rid)]])
 
 
 def _update_results(rows: list[ProxyRequest]) -> None:

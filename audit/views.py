@@ -21,11 +21,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from audit.chart_links import ChartLinks
-from audit.exports import figure_context
+from audit.charts import usage_charts
+from audit.exports import figure_context, write_rows
 from audit.incidents import KINDS, Incident, incident
 from audit.models import Finding, ProxyRequest
 from audit.reports import Scope, build_figures
 from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
+from audit.usage import COLUMNS, usage_over_time, usage_rows
 from tenants.models import Tenant, Upstream
 
 MAX_DAYS = 366
@@ -155,7 +157,10 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         tenant = data.get("tenant")
         links = ChartLinks(scope.since, scope.until, scope.bucket, tenant.pk if tenant is not None else None)
         context.update(figure_context(build_figures(scope), title="Audit dashboard", links=links))
+        usage_query = {"since": scope.since.strftime(_MINUTE), "until": scope.until.strftime(_MINUTE),
+                       **({"tenant": str(tenant.pk)} if tenant is not None else {})}
         context.update(presets=_preset_links(tenant), report_link=_report_link(scope), tenant=tenant,
+                       usage_link=reverse("admin:audit_usage") + "?" + urlencode(usage_query),
                        can_request_report=can_manage_audit(request),
                        all_requests=links.requests(), problem_requests=links.requests(show="problems"),
                        # The inputs show the period in effect (also when it is the default).
@@ -172,12 +177,13 @@ SOCKET_PATH = "/admin/audit/incidents/ws"
 
 
 def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
-    """The newest exhausted and retried requests and broken loops of the last ``RECENT`` (newest first),
+    """The newest exhausted and retried requests, broken loops and spent retry budgets of the last ``RECENT``
+    (newest first),
     shaped as the feed's incidents."""
     since = timezone.now() - RECENT
     rows = ProxyRequest.objects.filter(created__gte=since, outcome__in=[ProxyRequest.Outcome.EXHAUSTED,
                                                                          ProxyRequest.Outcome.RECOVERED])
-    loops = Finding.objects.filter(created__gte=since, kind="agent-loop")
+    loops = Finding.objects.filter(created__gte=since, kind__in=["agent-loop", "retry-budget-spent"])
     if tenant_ids is not None:
         rows, loops = rows.filter(tenant_id__in=tenant_ids), loops.filter(tenant_id_copy__in=tenant_ids)
     found = []
@@ -190,7 +196,9 @@ def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
                               tenant_id=row.tenant_id, request_id=str(row.pk), upstream_id=row.upstream_id,
                               detail=row.error if exhausted else "", at=when.timestamp()))
     for finding in loops.select_related("request").order_by("-created")[:RECENT_MAX]:
-        found.append(incident("loop-broken", "warning", "An agent loop was broken", tenant_id=finding.tenant_id_copy,
+        kind, title = (("loop-broken", "An agent loop was broken") if finding.kind == "agent-loop" else
+                       ("retry-budget", "The tenant's retry budget is spent: broken answers get one attempt"))
+        found.append(incident(kind, "warning", title, tenant_id=finding.tenant_id_copy,
                               request_id=str(finding.request_id), upstream_id=finding.request.upstream_id,
                               detail=finding.detail, at=finding.created.timestamp()))
     return sorted(found, key=lambda i: -i["at"])[:RECENT_MAX]
@@ -212,3 +220,39 @@ def incidents(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         "socket_path": SOCKET_PATH, "kinds": KINDS,
     }
     return TemplateResponse(request, "audit/incidents.html", context)
+
+
+class UsageForm(DashboardForm):
+    """The dashboard's period and tenant, and the dimension usage is grouped by."""
+
+    group = forms.ChoiceField(choices=[("key", "virtual key"), ("tenant", "tenant"), ("model", "model"),
+                                       ("upstream", "upstream")], required=False, label="Per")
+
+    def clean_group(self) -> str:
+        return self.cleaned_data.get("group") or "key"
+
+
+def usage(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
+    """Usage per key, tenant, model or upstream for the period (``audit.usage``), with charts; ``?format=csv``
+    downloads the table through the safe CSV writer (``audit.exports``)."""
+    if not can_view_audit(request):
+        raise PermissionDenied
+    form = UsageForm(request.GET, request=request)
+    context: dict[str, Any] = {**admin_site.each_context(request), "title": "Usage", "form": form}
+    if not form.is_valid():
+        return TemplateResponse(request, "audit/usage.html", context)
+    data = form.cleaned_data
+    scope = dashboard_scope(data, request)
+    rows = usage_rows(scope, data["group"])
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = f"{scope.since:%Y%m%dT%H%M}-{scope.until:%Y%m%dT%H%M}"
+        response["Content-Disposition"] = f'attachment; filename="usage-{data["group"]}-{stamp}.csv"'
+        write_rows(response, COLUMNS, rows)  # type: ignore[arg-type]
+        return response
+    query = request.GET.copy()
+    query["format"] = "csv"
+    context.update(rows=rows, group=data["group"], columns=COLUMNS, charts=usage_charts(rows, usage_over_time(scope)),
+                   tenant=data.get("tenant"), csv_link="?" + query.urlencode(),
+                   period={"since": scope.since, "until": scope.until, "bucket": scope.bucket})
+    return TemplateResponse(request, "audit/usage.html", context)

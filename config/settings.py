@@ -131,6 +131,12 @@ REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
 #: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
 #: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
 RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
+#: The tenant retry budget's window (``GuardPolicy.retry_budget_percent``, ``proxy.retry_budget``): seconds.
+RETRY_BUDGET_WINDOW_SECONDS = envfloat("RETRY_BUDGET_WINDOW_SECONDS", 600.0)
+#: Retries for broken output a tenant always has per window, whatever its share (a new tenant's first ones).
+RETRY_BUDGET_MIN_RETRIES = envint("RETRY_BUDGET_MIN_RETRIES", 10)
+#: How long the loop breaker remembers an agent session's steps after its last request (seconds).
+LOOP_SESSION_TTL_SECONDS = envfloat("LOOP_SESSION_TTL_SECONDS", 3600.0)
 #: On SIGTERM, ``manage.py serve`` stops accepting and lets open requests end for this long (keep it below
 #: the orchestrator's stop grace period: compose's stop_grace_period is 60 s).
 SHUTDOWN_GRACE_SECONDS = envfloat("SHUTDOWN_GRACE_SECONDS", 50.0)

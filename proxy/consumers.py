@@ -29,6 +29,7 @@ from proxy import metrics, schema_pool
 from proxy import not_found as unknown_path
 from proxy.background import schedule
 from proxy.dialect import ANTHROPIC_MESSAGES, CHARS_PER_TOKEN, OPENAI_CHAT, Dialect, estimate_tokens, translated
+from proxy.guard.loops import session_id
 from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.limits import enforce as limits
@@ -254,7 +255,10 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
         response.extra_headers = admission.headers
         call = RelayCall(principal=principal, plan=plan, request=prepared.request,
                          emitter=dialect.emitter(data, prepared), protocol=dialect.protocol,
-                         user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped)
+                         user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
+                         session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
+                                            key=principal.api_key_id, messages=prepared.request.body.get("messages"))
+                         if prepared.request.guarded else "")
         relayed = Relay(call, response, get_client())
         await relayed.run()
     finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens

@@ -59,6 +59,9 @@ _ATTEMPTS = Counter("toolrelay_upstream_attempts_total", "Upstream calls by tena
 RETRIES = Counter("toolrelay_retries_total", "Upstream retries by tenant, route, the upstream that failed, path and "
                   "cause (broken_output, upstream_error).", ["tenant", "route", "upstream", "path", "cause"])
 FINDINGS = Counter("toolrelay_findings_total", "Guard findings by kind.", ["kind"])
+RETRY_BUDGET_SPENT = Counter("toolrelay_retry_budget_spent_total",
+                             "Retries for broken output not made because the tenant's retry budget was spent.")
+LOOPS_BROKEN = Counter("toolrelay_loops_broken_total", "Answers replaced by the loop breaker's, by rule.", ["rule"])
 CLIENT_CANCELLED = Counter("toolrelay_client_cancelled_total", "Requests whose client went away mid-response.")
 SERVER_REFUSED = Counter("toolrelay_server_refused_total",
                          "Requests or connections `manage.py serve` cut short, by reason "

@@ -34,6 +34,7 @@ from proxy.guard.delivery import Delivery
 from proxy.guard.errors import classify_inband_error
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.loops import Stuck, stuck_message
 from proxy.guard.passcheck import PassCheck
 from proxy.guard.policy import FragmentStorage
 from proxy.guard.turn import Decision, Outcome, Turn, UpstreamError
@@ -157,6 +158,28 @@ class _Path(abc.ABC):
                 if text:
                     await self._release(TextDelta(choice.index, channel, text))  # type: ignore[arg-type]
         return await self._close(decision, number)
+
+    async def looping(self, decision: Decision, number: int) -> Attempted | None:
+        """When the loop breaker finds that ``decision``'s usable turn completes an agent loop: the stuck
+        answer sent in its place and the attempt's result; else None (deliver the turn)."""
+        loops = self.relay.loops
+        if loops is None or decision.turn is None:
+            return None
+        stuck = await loops.check_turn(decision.turn)
+        if stuck is None:
+            return None
+        await self.stuck(stuck)
+        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+
+    async def stuck(self, stuck: Stuck) -> None:
+        """The loop breaker's answer: a terminal assistant message saying the agent seems stuck and why
+        (finish ``stop`` / ``end_turn``, ``response.completed``), in place of the turn or the exhaustion answer."""
+        message = stuck_message(stuck, request_id=str(self.response.request_id))
+        self.relay.delivered = delivered_exhaustion(message, scrub=self._scrub)
+        if self.request.stream:
+            await self.response.end(self.call.emitter.close_exhausted(self.separator() + message))
+        else:
+            await self.response.send_json(200, self.call.emitter.complete_exhausted(message))
 
     async def give_up(self, answer: Answer) -> None:
         """Render ``answer`` (``answer_for``) in the client's protocol."""
@@ -305,8 +328,12 @@ class Guarded(_Path):
             await self._text(delta)
 
     async def _close(self, decision: Decision, number: int) -> Attempted:
-        """Deliver a usable turn: the text the delivery rule still sends, then tool calls, finish, terminator."""
+        """Deliver a usable turn: the text the delivery rule still sends, then tool calls, finish, terminator
+        (or the loop breaker's answer in their place)."""
         assert decision.turn is not None
+        stopped = await self.looping(decision, number)
+        if stopped is not None:
+            return stopped
         for delta in self.delivery.settle(decision.turn):
             await self._text(delta)
         return await super()._close(decision, number)
@@ -350,6 +377,9 @@ class NonStream(_Path):
                      completion_tokens=completion, bytes_received=len(body), frames=1 if body else 0, body=body)
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
+        stopped = await self.looping(decision, number)
+        if stopped is not None:
+            return stopped
         turn = redact_turn(decision.turn, self.log.secrets)
         self.deliver(turn)
         await self.response.send_json(200, self.call.emitter.complete(turn))

@@ -15,6 +15,7 @@ database off the byte path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -32,8 +33,10 @@ from proxy.guard.emit import Emitter
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.request import ChatRequest
 from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.loop_breaker import LoopBreaker
 from proxy.paths import Attempted, Guarded, NonStream, PassThrough
 from proxy.response import ClientResponse
+from proxy.retry_budget import count_request, take_retry
 from proxy.upstream import DeadlineExceeded, UpstreamClient
 from tenants.auth import Principal, RoutePlan, UpstreamTarget
 
@@ -54,6 +57,7 @@ class RelayCall:
     protocol: str = "openai-chat"
     user_agent: str = ""
     dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
+    session: str = ""  # the agent session (``proxy.guard.loops.session_id``); "" = none known
 
     @property
     def forwards_raw(self) -> bool:
@@ -107,11 +111,17 @@ class Relay:
         #: What the client got at the end (``audit.delivered``), set by the path that answered; None for
         #: bytes passed through unchanged.
         self.delivered: dict[str, Any] | None = None
+        #: The loop breaker of a guarded request (None for the others).
+        self.loops = LoopBreaker(session=call.session, messages=call.request.body.get("messages"),
+                                 policy=call.plan.policy) if call.request.guarded else None
+        #: Set when the tenant's retry budget stopped a retry (``proxy.retry_budget``).
+        self.budget_spent: Finding | None = None
 
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
         metrics.IN_FLIGHT.inc()
         audit.request_started(request=self.log.record)
+        count_request(self.call.principal.tenant_id)
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -148,7 +158,15 @@ class Relay:
         answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
                             checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
                             request_id=str(self.response.request_id))
+        if self.budget_spent is not None:
+            answer = dataclasses.replace(answer, reason=f"{answer.reason}; no retry was made: the tenant's retry "
+                                                        f"budget is spent")
         self.outcome, self.error = answer.outcome, answer.audit_error
+        if answer.outcome is RequestOutcome.EXHAUSTED and self.loops is not None:
+            stuck = await self.loops.check_exhausted()
+            if stuck is not None:
+                await path.stuck(stuck)
+                return
         await path.give_up(answer)
 
     async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
@@ -159,6 +177,8 @@ class Relay:
         budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
         for attempt, target in self.call.plan.attempts():
             if result is not None and failed is not None:
+                if model_failure(result.decision) and not await self._retry_budget_allows():
+                    break
                 if not await self._backoff(attempt - 1, result.decision.error, budget_end):
                     break
                 cause = "broken_output" if model_failure(result.decision) else "upstream_error"
@@ -171,6 +191,15 @@ class Relay:
                 break
         assert result is not None, "a plan has at least one attempt"
         return result
+
+    async def _retry_budget_allows(self) -> bool:
+        """True when the tenant's retry budget allows one more attempt for broken output (and counts it)."""
+        percent = self.call.principal.policy.retry_budget_percent
+        check = await take_retry(self.call.principal.tenant_id, percent)
+        if not check.allowed:
+            self.budget_spent = check.finding(percent)
+            metrics.RETRY_BUDGET_SPENT.inc()
+        return check.allowed
 
     async def _deadline_passed(self, path: PassThrough | Guarded | NonStream) -> Attempted:
         """The request deadline cut the attempt under way (recorded as a timeout), or the wait before a retry."""
@@ -224,6 +253,8 @@ class Relay:
             completion_tokens=sum(a.completion_tokens for a in attempts),
             wasted_completion_tokens=sum(a.completion_tokens for a in wasted),
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error, delivered=self.delivered,
+            findings=tuple(f for f in (self.loops.finding() if self.loops is not None else None, self.budget_spent)
+                           if f is not None),
         )
         added = None
         if good is not None and good.duration_ms is not None and result.total_ms is not None:

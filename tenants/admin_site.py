@@ -35,7 +35,7 @@ from django_otp.forms import OTPAuthenticationFormMixin
 from django_otp.models import Device
 
 #: The audit section's order: the dashboard first, then the lists people open during an incident.
-AUDIT_ORDER = ("Dashboard", "LiveIncidents", "ProxyRequest", "Finding", "Report", "Fragment")
+AUDIT_ORDER = ("Dashboard", "LiveIncidents", "Usage", "ProxyRequest", "Finding", "Report", "Fragment")
 #: Apps shown first, in this order (the rest follow in Django's order).
 APP_ORDER = ("audit", "tenants")
 #: Apps whose models only do something with a Celery broker (periodic tasks run by beat).
@@ -128,7 +128,8 @@ class ToolrelayAdminSite(admin.AdminSite):
 def _audit_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
     try:
         pages = [("Dashboard", "Dashboard", reverse("admin:audit_dashboard")),
-                 ("Live incidents", "LiveIncidents", reverse("admin:audit_incidents"))]
+                 ("Live incidents", "LiveIncidents", reverse("admin:audit_incidents")),
+                 ("Usage", "Usage", reverse("admin:audit_usage"))]
     except NoReverseMatch:
         return models
     extra = [{"name": name, "object_name": object_name, "admin_url": url, "add_url": None, "view_only": True,

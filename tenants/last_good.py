@@ -32,9 +32,13 @@ _REDIS_PREFIX = "toolrelay:principal:"
 
 
 def _policy(data: dict[str, Any]) -> GuardPolicy:
-    return GuardPolicy(**{**data, "exhaustion": Exhaustion(data["exhaustion"]),
+    """A policy from its plain values (fields a principal stored before they existed take their defaults)."""
+    known = {f.name for f in dataclasses.fields(GuardPolicy)}
+    return GuardPolicy(**{**{k: v for k, v in data.items() if k in known},
+                          "exhaustion": Exhaustion(data["exhaustion"]),
                           "fragments": FragmentStorage(data["fragments"]),
-                          "repairs": frozenset(Repair(r) for r in data["repairs"])})
+                          "repairs": frozenset(Repair(r) for r in data["repairs"]),
+                          "loop_exempt_tools": frozenset(str(t) for t in data.get("loop_exempt_tools", ()))})
 
 
 def _target(data: dict[str, Any]) -> Any:

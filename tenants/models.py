@@ -83,12 +83,26 @@ class PolicyFields(models.Model):
     fragment_storage = models.CharField(max_length=16, choices=[(f.value, f.value) for f in FragmentStorage],
                                         blank=True, help_text="How much raw upstream body the audit keeps.")
     retention_days = models.PositiveIntegerField(null=True, blank=True, help_text="Days raw fragments are kept.")
+    loop_breaker = models.BooleanField(null=True, blank=True,
+                                       help_text="Stop an agent repeating tool calls with the same results.")
+    loop_repeats = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The delivery of one identical call that is stopped (4: the 4th in a row).")
+    loop_cycle_repeats = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The repetition of a cycle of 2 or 3 calls that is stopped.")
+    loop_exhausted_turns = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Exhausted turns in a row after which the agent is told it seems stuck.")
+    loop_exempt_tools = models.JSONField(null=True, blank=True,
+                                         help_text="List of tool names the loop breaker never counts (polling tools).")
+    retry_budget_percent = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Retries for broken output may add at most this % to the tenant's upstream "
+                                         "calls over 10 minutes (tenant-wide; set on the tenant).")
 
     class Meta:
         abstract = True
 
     POLICY_FIELDS = ("max_retries", "stream_text", "early_abort", "exhaustion", "allowed_repairs",
-                     "fragment_storage", "retention_days")
+                     "fragment_storage", "retention_days", "loop_breaker", "loop_repeats", "loop_cycle_repeats",
+                     "loop_exhausted_turns", "loop_exempt_tools", "retry_budget_percent")
 
     def policy_overrides(self) -> dict[str, Any]:
         """The policy values set on this row (None / blank = inherit)."""
@@ -147,6 +161,7 @@ class Tenant(PolicyFields, LimitFields):
         values = {**self.policy_overrides(), **(overrides or {})}
         base = GuardPolicy()
         repairs = values.get("allowed_repairs")
+        exempt = values.get("loop_exempt_tools")
         return GuardPolicy(
             max_retries=values.get("max_retries", base.max_retries),
             stream_text=values.get("stream_text", base.stream_text),
@@ -156,6 +171,12 @@ class Tenant(PolicyFields, LimitFields):
             if isinstance(repairs, list) else base.repairs,
             fragments=FragmentStorage(values.get("fragment_storage", base.fragments)),
             retention_days=values.get("retention_days", base.retention_days),
+            loop_breaker=values.get("loop_breaker", base.loop_breaker),
+            loop_repeats=values.get("loop_repeats", base.loop_repeats),
+            loop_cycle_repeats=values.get("loop_cycle_repeats", base.loop_cycle_repeats),
+            loop_exhausted_turns=values.get("loop_exhausted_turns", base.loop_exhausted_turns),
+            loop_exempt_tools=frozenset(str(t) for t in exempt) if isinstance(exempt, list) else base.loop_exempt_tools,
+            retry_budget_percent=values.get("retry_budget_percent", base.retry_budget_percent),
         )
 
 

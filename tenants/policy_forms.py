@@ -26,7 +26,10 @@ def policy_defaults(tenant: Tenant | None) -> dict[str, Any]:
     policy = tenant.policy() if tenant is not None else GuardPolicy()
     return {"max_retries": policy.max_retries, "stream_text": policy.stream_text, "early_abort": policy.early_abort,
             "exhaustion": policy.exhaustion.value, "allowed_repairs": sorted(r.value for r in policy.repairs),
-            "fragment_storage": policy.fragments.value, "retention_days": policy.retention_days}
+            "fragment_storage": policy.fragments.value, "retention_days": policy.retention_days,
+            "loop_breaker": policy.loop_breaker, "loop_repeats": policy.loop_repeats,
+            "loop_cycle_repeats": policy.loop_cycle_repeats, "loop_exhausted_turns": policy.loop_exhausted_turns,
+            "loop_exempt_tools": sorted(policy.loop_exempt_tools), "retry_budget_percent": policy.retry_budget_percent}
 
 
 def shown(value: Any) -> str:
@@ -91,6 +94,31 @@ class RepairsField(forms.MultipleChoiceField):
         return sorted(picked)
 
 
+class ToolNamesField(forms.CharField):
+    """Tool names, comma- or space-separated; blank = inherit (None); ``-`` = none (``[]``)."""
+
+    def __init__(self, *, default: list[str], **kwargs: Any) -> None:
+        super().__init__(required=False, **kwargs)
+        self.widget.attrs["placeholder"] = _inherit(", ".join(default) or "none")
+        self.help_text = f"{self.help_text} Comma-separated; blank: inherit; '-': none."
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value) or "-"
+        return value
+
+    def clean(self, value: Any) -> list[str] | None:
+        text = (super().clean(value) or "").strip()
+        if not text:
+            return None
+        if text == "-":
+            return []
+        names = sorted({n for n in text.replace(",", " ").split() if n})
+        if any(len(n) > 64 for n in names):
+            raise forms.ValidationError("A tool name is at most 64 characters.")
+        return names
+
+
 class PolicyFormMixin(forms.ModelForm):  # type: ignore[type-arg]
     """Replaces the policy columns' form fields; ``inherited_from`` names where defaults come from."""
 
@@ -108,7 +136,7 @@ class PolicyFormMixin(forms.ModelForm):  # type: ignore[type-arg]
 
     @staticmethod
     def _policy_field(name: str, field: forms.Field, default: Any) -> forms.Field:
-        if name in ("stream_text", "early_abort"):
+        if name in ("stream_text", "early_abort", "loop_breaker"):
             return _yes_no(field, default)
         if name == "exhaustion":
             return _choice(field, default, [(e.value, e.value) for e in Exhaustion])
@@ -116,6 +144,8 @@ class PolicyFormMixin(forms.ModelForm):  # type: ignore[type-arg]
             return _choice(field, default, [(f.value, f.value) for f in FragmentStorage])
         if name == "allowed_repairs":
             return RepairsField(default=default, label=field.label, help_text="Deterministic repairs allowed.")
+        if name == "loop_exempt_tools":
+            return ToolNamesField(default=default, label=field.label, help_text=field.help_text)
         return _number(field, default)
 
 
@@ -125,6 +155,11 @@ def policy_summary(row: PolicyFields, tenant: Tenant | None) -> SafeString:
     rows = []
     for name in PolicyFields.POLICY_FIELDS:
         value = getattr(row, name)
-        text = _inherit(defaults[name]) if value is None or value == "" else shown(value)
+        if name == "loop_exempt_tools":
+            value, default = (", ".join(value) or "none") if isinstance(value, list) else value, \
+                ", ".join(defaults[name]) or "none"
+            text = _inherit(default) if value is None else value
+        else:
+            text = _inherit(defaults[name]) if value is None or value == "" else shown(value)
         rows.append((name.replace("_", " "), text))
     return format_html("<table>{}</table>", format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows))

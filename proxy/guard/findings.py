@@ -133,6 +133,10 @@ class FindingKind(enum.StrEnum):
     ARGUMENTS_ASSEMBLED = "arguments-assembled"  # another assembly than plain concatenation was the valid one
     AMBIGUOUS_ARGUMENTS = "ambiguous-arguments"  # no assembly, or several different ones, valid: retried
     ENVELOPE_VARIANT = "envelope-variant"  # another shape / deprecated field / type variant, normalised
+    # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (proxy/guard/loops.py).
+    AGENT_LOOP = "agent-loop"
+    # The tenant's retry budget was spent: a broken answer got no further attempt (proxy/retry_budget.py).
+    RETRY_BUDGET_SPENT = "retry-budget-spent"
 
 
 @dataclass(frozen=True, slots=True)

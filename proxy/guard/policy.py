@@ -49,6 +49,14 @@ class GuardPolicy:
     ``max_retries``: further upstream attempts after the first (so at most ``1 + max_retries``
     calls); ``stream_text``: release text live in guarded requests; ``early_abort``: stop reading a
     provably broken attempt; ``commit_deadline`` / ``keepalive_interval`` in seconds.
+
+    The loop breaker (``proxy.guard.loops``): ``loop_breaker`` on or off; ``loop_repeats``: the
+    delivery of one call that is stopped when the previous ones in a row had identical results (4: the
+    4th); ``loop_cycle_repeats``: the repetition of a 2- or 3-call cycle that is stopped (3);
+    ``loop_exhausted_turns``: the exhausted turn in a row that gets the stuck answer (3);
+    ``loop_exempt_tools``: tool names never counted (polling tools). ``retry_budget_percent``: retries
+    caused by broken upstream output may add at most this share to the tenant's upstream calls over
+    the retry-budget window (``settings.RETRY_BUDGET_WINDOW_SECONDS``, 10 minutes).
     """
 
     max_retries: int = 2
@@ -60,6 +68,12 @@ class GuardPolicy:
     retention_days: int = 30
     commit_deadline: float = 5.0
     keepalive_interval: float = 10.0
+    loop_breaker: bool = True
+    loop_repeats: int = 4
+    loop_cycle_repeats: int = 3
+    loop_exhausted_turns: int = 3
+    loop_exempt_tools: frozenset[str] = frozenset()
+    retry_budget_percent: int = 50
 
     def allows(self, repair: Repair) -> bool:
         """True when ``repair`` is allowed."""

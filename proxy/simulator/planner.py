@@ -160,15 +160,19 @@ def _plan_gen(ctx: PlanContext, *, clean: bool = False) -> Reply:
     """A generated turn; corrupted with probability ``corrupt`` (1 / 0 under ``broken=N``)."""
     scenario, config = ctx.scenario, ctx.config
     rate = 0.0 if clean else _fault_rate(ctx)
+    looping = scenario.get_int("loop", 0) != 0
     options = GenOptions(
         frames=scenario.get_int("frames", 0) if "frames" in scenario.options else None,
         calls=scenario.get_int("calls", 2),
         text=scenario.get_int("text", 1) != 0,
         reasoning=scenario.get_int("reasoning", 0) != 0,
-        rounds=scenario.get_int("rounds", 0) if "rounds" in scenario.options else None,
+        rounds=_LOOPING if looping else scenario.get_int("rounds", 0) if "rounds" in scenario.options else None,
         seed=scenario.get_int("seed", config.seed),
     )
-    turn = generate_turn(ctx.body, options, ctx.rng("turn"))
+    turn = generate_turn(ctx.body, options, _loop_rng(ctx) if looping else ctx.rng("turn"))
+    if looping:  # the same call, but a fresh id each turn (as real upstreams give)
+        for number, call in enumerate(turn.calls):
+            call.id = f"call_{ctx.digest[:20]}{number:02d}"
     fault = _draw_fault(ctx, turn, rate) if rate > 0 else None
     reply = _turn_reply(ctx, turn, fault)
     return _timed(
@@ -176,6 +180,21 @@ def _plan_gen(ctx: PlanContext, *, clean: bool = False) -> Reply:
         first_byte_delay=ctx.seconds("ttft", config.ttft_ms),
         frame_gap=ctx.seconds("frame", config.frame_ms),
     )
+
+
+#: ``loop=1``: tool rounds are never over.
+_LOOPING = 1 << 30
+
+
+def _loop_rng(ctx: PlanContext) -> random.Random:
+    """``loop=1``: the turn RNG of an agent stuck in a loop, seeded by the first user message alone, so
+    every turn of the conversation replays the same tool call (name and arguments) whatever the tool results say."""
+    messages = ctx.body.get("messages")
+    first = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None) \
+        if isinstance(messages, list) else None
+    text = json.dumps(first.get("content") if first else None, sort_keys=True)
+    seed = ctx.scenario.get_int("seed", ctx.config.seed)
+    return random.Random(f"{seed}|loop|{text}")  # noqa: S311 - a reproducible simulation stream
 
 
 def _fault_rate(ctx: PlanContext) -> float:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-_GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning", "broken", "rounds", "refuse"})
+_GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning", "broken", "rounds", "refuse",
+                  "loop"})
 #: Options each mode accepts (failure modes take the gen options of the stream they disturb).
 MODE_OPTIONS: dict[str, frozenset[str]] = {
     "gen": _GEN | {"corrupt", "kinds"},

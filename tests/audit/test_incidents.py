@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from audit.incidents import Detector, journal_state
+from audit.incidents import BUDGET_QUIET, Detector, journal_state
 
 REQ = {"tenant_id": 7, "upstream_id": 3, "model": "coder", "path": "guarded"}
 
@@ -89,3 +89,17 @@ def test_it_never_raises_on_any_record(records: list[dict[str, Any]]) -> None:
     """Garbage records are skipped: the writer thread must never fail on what the journal holds."""
     for item in Detector(burst_count=1).feed(records):
         assert isinstance(item["kind"], str) and isinstance(item["title"], str)
+
+
+def test_it_reports_a_spent_retry_budget_once_per_tenant_per_quiet_period() -> None:
+    """A ``retry-budget-spent`` finding is a ``retry-budget`` warning; more of the same tenant's within
+    ``BUDGET_QUIET`` are not repeated; another tenant's are its own."""
+    spent = [{"kind": "retry-budget-spent", "severity": "warning", "action": "ignored", "detail": "50% spent"}]
+    other = {**REQ, "tenant_id": 8}
+    records = [{**finish("exhausted", 1, rid=f"r{n}", finished=100.0 + n), "findings": spent} for n in range(3)]
+    records.append({"t": "finish", "id": "x", "req": other, "res": {"outcome": "exhausted", "attempts": 1,
+                                                                     "finished": 101.0}, "findings": spent})
+    records.append({**finish("exhausted", 1, rid="late", finished=100.0 + BUDGET_QUIET + 1), "findings": spent})
+    found = [i for i in Detector().feed(records) if i["kind"] == "retry-budget"]
+    assert [(i["tenant_id"], i["request_id"]) for i in found] == [(7, "r0"), (8, "x"), (7, "late")]
+    assert found[0]["detail"] == "50% spent" and found[0]["severity"] == "warning"

@@ -6,6 +6,7 @@ by the same functions the relay uses, read back from a real journal file.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,23 @@ def test_it_marks_requests_that_never_ended_interrupted(world_a: TenantWorld) ->
     assert services.requests_interrupt(ids=[str(open_.id), str(done.id)]) == 1
     assert ProxyRequest.objects.get(id=open_.id).outcome == "interrupted"
     assert ProxyRequest.objects.get(id=done.id).outcome == "clean"
+
+
+def test_it_writes_the_findings_decided_at_a_requests_end_once(world_a: TenantWorld, captured: Captured) -> None:
+    """The loop breaker's ``agent-loop`` finding rides on the finish record: written with a new row, or on the
+    pending row of an earlier batch, and never again when the batch is replayed."""
+    loop = GuardFinding(FindingKind.AGENT_LOOP, Severity.WARNING, Action.IGNORED, "repeat: read_file 4th time")
+    for _ in range(2):
+        record, result, attempt = _records(world_a)
+        services.request_started(request=record)
+        services.request_finished(request=record, result=dataclasses.replace(result, findings=(loop,)))
+    lines = [line.record for line in read_lines(captured.journal.path, 0)]
+    together, spread = lines[0]["id"], lines[2]["id"]
+    services.journal_batch_write(services.Batch.of(lines[:2]))
+    services.journal_batch_write(services.Batch.of(lines[2:3]))
+    for _ in range(2):  # the finish, then its replay
+        services.journal_batch_write(services.Batch.of(lines[3:4]))
+    for rid in (together, spread):
+        found = Finding.objects.filter(request_id=rid)
+        assert [(f.kind, f.detail, f.attempt_id) for f in found] == [("agent-loop", "repeat: read_file 4th time",
+                                                                       None)]

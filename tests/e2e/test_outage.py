@@ -61,9 +61,11 @@ def outage(simulator: Any) -> Iterator[Outage]:
                                    simulator.url, "--upstream-key", "sk-outage", "--json"))["api_key"]
         unknown = json.loads(_manage(pg.url, "apikey", "--skip-checks", "create", "--tenant", "outage",
                                      "--json"))["api_key"]
+        # Every request here is recovered by a retry: past the tenant's retry budget (at most 50% more calls,
+        # at least 10 retries per 10 minutes) they would get one attempt, so the budget's floor is raised.
         with running_proxy(pg.url, folder / "serve.log", AUTH_CACHE_SECONDS="1", DB_CALL_TIMEOUT_SECONDS="3",
                            DB_CONNECT_TIMEOUT_SECONDS="1", JOURNAL_BATCH_SECONDS="0.05",
-                           JOURNAL_PING_SECONDS="0.5") as server:
+                           JOURNAL_PING_SECONDS="0.5", RETRY_BUDGET_MIN_RETRIES="1000") as server:
             yield Outage(pg, server, known, unknown)
     finally:
         pg.stop()

@@ -325,3 +325,34 @@ def test_policy_fields_save_inherit_and_explicit_values(login: Login, superuser:
     assert Tenant.objects.get(pk=world_a.tenant.pk).allowed_repairs == []
     mixed = {**base, "allowed_repairs": ["inherit", "code-fence"]}
     assert "Untick" in client.post(_url("tenant", "change", world_a.tenant.pk), mixed).content.decode()
+
+
+def test_loop_breaker_and_retry_budget_fields_save_and_reach_the_policy(login: Login, superuser: User,
+                                                                       world_a: TenantWorld) -> None:
+    """The loop breaker's thresholds and exempt tools and the retry budget are policy fields like the others: set
+    on the tenant, overridden on a route, carried by the principal and by its last-good copy."""
+    from tenants import last_good
+    from tenants.auth import principal_for_key
+
+    client = login(superuser)
+    base = {"name": world_a.tenant.name, "slug": world_a.tenant.slug, "active": "on",
+            "default_upstream": world_a.upstream.pk, "api_keys-TOTAL_FORMS": "0", "api_keys-INITIAL_FORMS": "0",
+            "_save": "Save"}
+    shown = _html(client, _url("tenant", "change", world_a.tenant.pk))
+    assert 'placeholder="inherit (default: 4)"' in shown and 'placeholder="inherit (default: 50)"' in shown
+    posted = {**base, "loop_breaker": "True", "loop_repeats": "6", "loop_exempt_tools": "poll_ci, job_status poll_ci",
+              "retry_budget_percent": "20"}
+    assert client.post(_url("tenant", "change", world_a.tenant.pk), posted).status_code == 302
+    tenant = Tenant.objects.get(pk=world_a.tenant.pk)
+    assert tenant.loop_exempt_tools == ["job_status", "poll_ci"] and tenant.loop_repeats == 6
+    policy = tenant.policy()
+    assert (policy.loop_breaker, policy.loop_repeats, policy.loop_cycle_repeats, policy.retry_budget_percent) == (
+        True, 6, 3, 20)
+    assert policy.loop_exempt_tools == frozenset({"job_status", "poll_ci"})
+    assert tenant.policy({"loop_breaker": False, "loop_exempt_tools": []}).loop_exempt_tools == frozenset()
+    principal = principal_for_key(world_a.raw_key)
+    assert principal is not None
+    assert last_good.loads(last_good.dumps(principal)).policy == principal.policy == policy
+    assert client.post(_url("tenant", "change", world_a.tenant.pk), {**base, "loop_exempt_tools": "-"}).status_code \
+        == 302
+    assert Tenant.objects.get(pk=world_a.tenant.pk).loop_exempt_tools == []
