@@ -34,7 +34,7 @@ from proxy.guard.request import RequestInvalid
 from proxy.guard.translate_anthropic import count_tokens_body
 from proxy.limits import enforce as limits
 from proxy.limits.state import Window, get_state
-from proxy.relay import Relay, RelayCall
+from proxy.relay import Relay, RelayCall, refused
 from proxy.response import ClientResponse
 from proxy.server.backpressure import EXTENSION as BACKPRESSURE
 from proxy.upstream import get_client
@@ -249,16 +249,20 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     response = consumer.response
     assert response is not None
     estimate = max(1, len(body) // CHARS_PER_TOKEN)  # the client's bytes: O(1), no JSON encoding on the path
-    admission = await admitted(principal, estimate=estimate, anthropic=dialect is ANTHROPIC_MESSAGES)
+    call = RelayCall(principal=principal, plan=plan, request=prepared.request,
+                     emitter=dialect.emitter(data, prepared), protocol=dialect.protocol,
+                     user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
+                     session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
+                                        key=principal.api_key_id, messages=prepared.request.body.get("messages"))
+                     if prepared.request.guarded else "")
+    try:
+        admission = await admitted(principal, estimate=estimate, anthropic=dialect is ANTHROPIC_MESSAGES)
+    except RequestError as exc:
+        refused(call, response, status=exc.status, error=exc.message)
+        raise
     relayed: Relay | None = None
     try:
         response.extra_headers = admission.headers
-        call = RelayCall(principal=principal, plan=plan, request=prepared.request,
-                         emitter=dialect.emitter(data, prepared), protocol=dialect.protocol,
-                         user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
-                         session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
-                                            key=principal.api_key_id, messages=prepared.request.body.get("messages"))
-                         if prepared.request.guarded else "")
         relayed = Relay(call, response, get_client())
         await relayed.run()
     finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens

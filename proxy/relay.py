@@ -73,6 +73,27 @@ class RelayCall:
         return "pass-through" if self.forwards_raw else "guarded"
 
 
+def request_record(call: RelayCall, response: ClientResponse) -> audit.RequestRecord:
+    """The audit's record of ``call`` (its id is the client's ``x-request-id``), first target's upstream."""
+    first = call.plan.target(0)
+    return audit.RequestRecord(
+        id=response.request_id, tenant_id=call.principal.tenant_id, api_key_id=call.principal.api_key_id,
+        model=call.request.model, path=call.path, client_protocol=call.protocol,
+        client_user_agent=call.user_agent, route_id=call.plan.route_id, upstream_id=first.upstream_id,
+        upstream_model=first.model, fragments=call.plan.policy.fragments,
+        findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
+                               f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
+    )
+
+
+def refused(call: RelayCall, response: ClientResponse, *, status: int, error: str) -> None:
+    """Journal a request refused before any upstream call (a limit's 429): outcome ``rejected``, no attempt,
+    so usage reports count the limits hit (``audit.usage``)."""
+    total_ms = 1000 * (time.monotonic() - response.started)
+    audit.request_finished(request=request_record(call, response), result=audit.RequestResult(
+        outcome="rejected", status=status, attempts=0, total_ms=total_ms, error=error))
+
+
 def retryable(decision: Decision) -> bool:
     """True when asking the upstream again can help: broken model output, or a retryable error."""
     return decision.outcome == Outcome.RETRY or (decision.error is not None and decision.error.retryable)
@@ -91,14 +112,7 @@ class Relay:
         self.client = client
         response.emitter = call.emitter
         first = call.plan.target(0)
-        record = audit.RequestRecord(
-            id=response.request_id, tenant_id=call.principal.tenant_id, api_key_id=call.principal.api_key_id,
-            model=call.request.model, path=call.path, client_protocol=call.protocol,
-            client_user_agent=call.user_agent, route_id=call.plan.route_id, upstream_id=first.upstream_id,
-            upstream_model=first.model, fragments=call.plan.policy.fragments,
-            findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
-                                   f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
-        )
+        record = request_record(call, response)
         self.labels = metrics.request_labels(tenant=call.principal.slug, route=call.plan.route_name,
                                              upstream=first.name, path=call.path)
         self.log = AttemptLog(record, call.plan.targets, self.labels)

@@ -70,6 +70,22 @@ def test_openai_chat_gets_rate_limit_error_with_retry_after(make_tenant: Callabl
     assert exc.response.headers["x-ratelimit-remaining-requests"] == "0"
 
 
+def test_a_refused_request_is_audited_as_a_limit_hit(make_tenant: Callable[..., TenantFixture],
+                                                     django_db_blocker: Any, audit_rows: Any) -> None:
+    """A 429 of a limit is a request row (outcome rejected, status 429, no attempt, the limit in its
+    error), so the usage page counts the limits hit; the upstream was never asked."""
+    tenant = make_tenant()
+    _limits(django_db_blocker, tenant, rpm=1)
+    _chat(tenant)
+    with pytest.raises(openai.RateLimitError) as refused:
+        _chat(tenant)
+    row = audit_rows(refused.value.response.headers["x-request-id"])
+    assert (row.outcome, row.status, row.attempts) == ("rejected", 429, 0)
+    assert "rpm" in row.error or "requests per minute" in row.error
+    with django_db_blocker.unblock():
+        assert not row.attempt_rows.exists()
+
+
 def test_openai_streams_carry_the_headers_and_a_spent_budget_is_not_retryable(
         make_tenant: Callable[..., TenantFixture], django_db_blocker: Any) -> None:
     tenant = make_tenant()
