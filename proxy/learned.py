@@ -153,7 +153,6 @@ def record(facts: Iterable[LearnedFact], share: RedisShare | None) -> None:
     """Journal each fact (the journal writer stores it) and, with Redis, publish it in the background.
     Never raises and never waits (the request path calls it)."""
     from audit import services as audit
-    from proxy.background import schedule
 
     for fact in facts:
         try:
@@ -161,7 +160,7 @@ def record(facts: Iterable[LearnedFact], share: RedisShare | None) -> None:
         except Exception:  # noqa: BLE001 - the process still has the fact; the audit must not fail a request
             logger.exception("learned limit not journaled")
         if share is not None:
-            schedule(share.publish(fact))
+            share.publish_later(fact)
 
 
 def _field(fact: LearnedFact) -> str:
@@ -179,6 +178,14 @@ class RedisShare:
 
         self._client = redis.asyncio.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._failing = False
+        self._publishing: set[asyncio.Task[None]] = set()
+
+    def publish_later(self, fact: LearnedFact) -> None:
+        """``publish`` in the background (the request path never waits); ``aclose`` lets it finish first,
+        so no write reopens a connection of a closed client."""
+        task = asyncio.ensure_future(self.publish(fact))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     async def publish(self, fact: LearnedFact) -> None:
         """Write ``fact`` unless the hash holds one learned later."""
@@ -207,6 +214,9 @@ class RedisShare:
             await asyncio.sleep(interval)
 
     async def aclose(self) -> None:
+        """Let pending publishes end (bounded by their socket timeouts), then close the connections."""
+        if self._publishing:
+            await asyncio.wait(set(self._publishing), timeout=2.0)
         with contextlib.suppress(Exception):
             await self._client.aclose()
 

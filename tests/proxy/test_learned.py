@@ -295,3 +295,8 @@ async def test_a_sibling_client_follows_what_another_learned_through_redis(make_
     assert [b["max_tokens"] for b in seen_b] == [32000, 8192], "the second request went right the first time"
     await client_a.aclose()
     await client_b.aclose()
+    # With REDIS_URL the relay's shared state (limits, retry budget, loop breaker) opened a Redis client on
+    # this test's event loop too: close it here, while the loop runs.
+    from proxy.limits.state import get_state
+
+    await get_state().close()
