@@ -259,3 +259,32 @@ def test_two_processes_share_limits_and_revocations_through_redis(
         metrics = httpx.get(f"{one.url}/metrics", timeout=5).text
         assert any(line.startswith("toolrelay_limits_fail_open_total") and not line.endswith(" 0.0")
                    for line in metrics.splitlines())
+
+
+def test_two_processes_behind_one_port_hold_one_limit(
+        e2e_database_url: str, tmp_path: Path, make_tenant: Callable[..., TenantFixture],
+        private_redis: tuple[str, subprocess.Popen[bytes]], django_db_blocker: Any) -> None:
+    """Two ``manage.py serve --fd`` processes accepting on one listening socket (what a supervisor or
+    compose's replicas behind the reverse proxy look like to a client): every request on a fresh
+    connection, whichever process accepts it, counts against the key's one rpm limit in Redis."""
+    url, _ = private_redis
+    env = {"REDIS_URL": url, "LIMITS_KEY_PREFIX": f"e2e:{uuid.uuid4().hex}:", "LIMITS_REDIS_TIMEOUT_SECONDS": "0.5"}
+    limited = make_tenant()
+    _limits(django_db_blocker, limited, key=True, rpm=4)
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(64)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        with running_proxy(e2e_database_url, tmp_path / "a" / "serve.log", listening=listening, **env) as one, \
+                running_proxy(e2e_database_url, tmp_path / "b" / "serve.log", listening=listening, **env):
+            statuses = []
+            for _ in range(10):
+                with httpx.Client(timeout=30) as fresh:  # a new connection each time: either process may take it
+                    statuses.append(fresh.post(f"{one.v1}/chat/completions", json={"model": MODEL,
+                                               "messages": MESSAGES}, headers={"authorization":
+                                               f"Bearer {limited.api_key}"}).status_code)
+            assert statuses == [200] * 4 + [429] * 6, statuses
+    finally:
+        listening.close()
