@@ -42,8 +42,22 @@ def _limits(django_db_blocker: Any, tenant: TenantFixture, *, key: bool = False,
         limits_set(tenant=tenant.tenant, key=row, values=values)
 
 
+_CLIENTS: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _clients_closed() -> Iterator[None]:
+    """SDK clients made by a test are closed after it: a client left to the garbage collector closes its
+    sockets during some later test, whose unraisable ResourceWarning then fails it."""
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
 def _openai(tenant: TenantFixture, base_url: str | None = None) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url or tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=base_url or tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30)
+    _CLIENTS.append(client)
+    return client
 
 
 def _chat(tenant: TenantFixture, base_url: str | None = None) -> Any:
@@ -111,6 +125,7 @@ def test_anthropic_gets_rate_limit_error_with_its_headers(proxy_server: Any, mak
     tenant = make_tenant()
     _limits(django_db_blocker, tenant, rpm=1, tpm=100_000)
     client = anthropic.Anthropic(base_url=proxy_server.url, api_key=tenant.api_key, max_retries=0, timeout=30)
+    _CLIENTS.append(client)
     served = client.messages.with_raw_response.create(model=MODEL, max_tokens=50, messages=MESSAGES)
     assert served.headers["anthropic-ratelimit-requests-remaining"] == "0"
     assert served.headers["anthropic-ratelimit-tokens-limit"] == "100000"
