@@ -75,6 +75,9 @@ UPSTREAM_LEARNED_SYNC_SECONDS = envfloat("UPSTREAM_LEARNED_SYNC_SECONDS", 5.0)
 #: per upstream (seconds; a failed listing is retried after a tenth of it), fetched with this timeout.
 UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
 UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
+#: Requests that already passed through this many toolrelay proxies (x-toolrelay-hops) are refused with a
+#: 400 (proxy/hops.py): an upstream pointed back at toolrelay would otherwise chain requests without end.
+MAX_PROXY_HOPS = envint("MAX_PROXY_HOPS", 1)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
 #: Most upstream body bytes one guarded attempt may bring (the guard holds its calls until they are checked):

@@ -25,7 +25,7 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
-from proxy import metrics, schema_pool
+from proxy import hops, metrics, schema_pool
 from proxy import not_found as unknown_path
 from proxy.background import schedule
 from proxy.dialect import ANTHROPIC_MESSAGES, CHARS_PER_TOKEN, OPENAI_CHAT, Dialect, estimate_tokens, translated
@@ -234,8 +234,21 @@ class Endpoint:
         self.dialect_of = dialect_of
 
 
+def hops_checked(scope: Mapping[str, Any]) -> None:
+    """Note the request's proxy hops for its upstream calls; ``RequestError`` 400 ``proxy_loop_detected``
+    when it already passed through ``MAX_PROXY_HOPS`` toolrelays (``proxy.hops``)."""
+    count = hops.arrived(scope.get("headers") or ())
+    if count >= settings.MAX_PROXY_HOPS:
+        raise RequestError(400, f"this request already passed through {count} toolrelay proxy(ies) "
+                           f"({hops.HEADER}); an upstream of this tenant points back at toolrelay: an operator "
+                           "must fix its base URL (MAX_PROXY_HOPS allows chaining on purpose)",
+                           code="proxy_loop_detected")
+    hops.enter(count)
+
+
 async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     """Authorize, prepare in the consumer's dialect, route, relay."""
+    hops_checked(consumer.scope)
     principal = await principal_of(consumer.scope)
     data = parse_json_object(body)
     dialect = consumer.dialect
@@ -298,6 +311,7 @@ async def models(consumer: ProxyConsumer, body: bytes) -> None:
     (``proxy.upstream_models``: fetched and cached; none when it cannot say), in Anthropic's list format
     when the request carries ``anthropic-version`` (Claude Code's gateway model discovery, PROTOCOLS.md
     4.1), else OpenAI's."""
+    hops_checked(consumer.scope)
     principal = await principal_of(consumer.scope)
     dialect = ANTHROPIC_MESSAGES if header(consumer.scope, b"anthropic-version") else OPENAI_CHAT
     names = principal.model_names()

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from proxy import refusals
+from proxy import hops, refusals
 from proxy.guard.request import ChatRequest
 from proxy.learned import LearnedLimits, RedisShare, facts_of, record
 from proxy.outbound import OutboundRefused
@@ -220,11 +220,12 @@ def secrets_of(target: UpstreamTarget) -> frozenset[str]:
 
 
 def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
-    """Headers for an upstream call: the decrypted credential as a Bearer token, extra headers, JSON."""
+    """Headers for an upstream call: the decrypted credential as a Bearer token, extra headers, JSON, and
+    the request's proxy hop count (``proxy.hops``)."""
     # identity: the bytes a pass-through forwards must be what the client can read (httpx asks for gzip
     # by default, and aiter_raw() does not decode it).
     headers = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity",
-               "accept": "text/event-stream" if stream else "application/json"}
+               "accept": "text/event-stream" if stream else "application/json", hops.HEADER: hops.outgoing()}
     credential = _decrypted(target.credential_encrypted)
     if credential:
         headers["authorization"] = f"Bearer {credential}"
