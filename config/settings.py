@@ -100,6 +100,8 @@ SCHEMA_MAX_REFS = envint("SCHEMA_MAX_REFS", 1_000)
 #: Static cost: schema nodes with every $ref expanded (an enum adds one per 8 entries). One validation
 #: visits at most this many per JSON value of the arguments (~13 us each when every branch fails).
 SCHEMA_MAX_COST = envint("SCHEMA_MAX_COST", 20_000)
+#: The static costs of all of one request's tool schemas together (a recursive schema counts its nodes).
+SCHEMA_MAX_REQUEST_COST = envint("SCHEMA_MAX_REQUEST_COST", 100_000)
 #: A call whose estimate (static cost x JSON values of its arguments) is at most this is validated on the
 #: event loop (~30 ms at worst); above it, in the validation pool. Recursive schemas always go there.
 SCHEMA_INLINE_COST = envfloat("SCHEMA_INLINE_COST", 2_000.0)

@@ -57,7 +57,7 @@ def schema_bounds() -> SchemaBounds:
             max_nodes=settings.SCHEMA_MAX_NODES, max_enum=settings.SCHEMA_MAX_ENUM,
             max_branches=settings.SCHEMA_MAX_BRANCHES, max_refs=settings.SCHEMA_MAX_REFS,
             max_cost=settings.SCHEMA_MAX_COST, inline_cost=settings.SCHEMA_INLINE_COST,
-            inline_check_nodes=settings.SCHEMA_INLINE_CHECK_NODES)
+            inline_check_nodes=settings.SCHEMA_INLINE_CHECK_NODES, max_request_cost=settings.SCHEMA_MAX_REQUEST_COST)
     return _bounds
 
 

@@ -9,10 +9,11 @@ tools, ``stream_options.include_usage``, the guard's ``RequestSpec``) exactly on
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure
+from proxy.guard.schema_bounds import SchemaBounds, SchemaCost, SchemaTooComplex, exceeded, measure
 from proxy.guard.turn import RequestSpec, ToolSpec
 from proxy.guard.validate import cached_schema, compile_schema, schema_key, tool_declaration_problem
 
@@ -91,6 +92,7 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
     by ``inline_check_nodes``, and validating a call by the inline budget and the validation pool."""
     positions = {name: i for i, name in enumerate(_declared_names(body))}
     fresh: list[tuple[ToolSpec, int]] = []
+    total = 0.0
     for tool in spec.tools:
         if tool.parameters is None:
             continue
@@ -99,6 +101,8 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
             over = exceeded(cached.cost, bounds)
             if over is not None:
                 raise schema_refused(tool.name, positions.get(tool.name, 0), over.bound, over.message)
+            total += _request_cost(cached.cost)
+            _within_request_cost(total, bounds)
             continue
         try:
             measured = measure(tool.parameters, bounds)
@@ -106,6 +110,8 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
             raise schema_refused(tool.name, positions.get(tool.name, 0), exc.bound, exc.message) from None
         except (ValueError, RecursionError):  # not serialisable: the validator reports it as unusable
             continue
+        total += _request_cost(measured)
+        _within_request_cost(total, bounds)
         fresh.append((tool, measured.nodes))
     left: list[tuple[str, int, str]] = []
     budget = bounds.inline_check_nodes
@@ -116,6 +122,20 @@ def check_schemas(body: dict[str, Any], spec: RequestSpec,
         else:
             left.append((tool.name, positions.get(tool.name, 0), schema_key(tool.parameters or {})))
     return tuple(left)
+
+
+def _request_cost(cost: SchemaCost) -> float:
+    """What one schema adds to its request's total: its static cost, or its nodes when recursive."""
+    return cost.cost if math.isfinite(cost.cost) else float(cost.nodes)
+
+
+def _within_request_cost(total: float, bounds: SchemaBounds) -> None:
+    """``RequestInvalid`` (bound ``request``, ``param`` ``tools``) once the request's schemas together are
+    past ``bounds.max_request_cost``."""
+    if total > bounds.max_request_cost:
+        raise RequestInvalid(f"the tools' parameters schemas together are too complex to validate (request: "
+                             f"static cost over {bounds.max_request_cost}; declare fewer or simpler tools)",
+                             param="tools", code="tool_schema_too_complex")
 
 
 def schema_refused(name: str, position: int, bound: str, message: str) -> RequestInvalid:

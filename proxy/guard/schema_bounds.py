@@ -67,7 +67,7 @@ class SchemaBounds:
     this run inline, the others in the validation pool. ``inline_check_nodes``: schemas a request declares
     that are not compiled yet are checked against their metaschema inline when they have at most this
     many JSON values together (the check costs ~0.05 to 0.4 ms per value), else in the validation pool.
-    Defaults match ``config/settings.py``.
+    ``max_request_cost``: all of a request's schemas together. Defaults match ``config/settings.py``.
     """
 
     max_depth: int = 32
@@ -79,6 +79,10 @@ class SchemaBounds:
     max_cost: int = 20_000
     inline_cost: float = 2_000
     inline_check_nodes: int = 300
+    #: The static costs of all of a request's tool schemas together (a recursive one counts its nodes):
+    #: each schema within its bounds, thousands of them could still keep the validation pool busy for
+    #: every tenant (found in review: 2,000 tools of 255 refs each).
+    max_request_cost: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)

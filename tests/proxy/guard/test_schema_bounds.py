@@ -295,3 +295,22 @@ def test_a_schema_cached_under_other_bounds_is_still_refused() -> None:
     assert validate.cached_schema(schema) is not None
     with pytest.raises(RequestInvalid, match=r"\(refs: validation can expand 1023 \$ref; the bound is 1000\)"):
         prepare(body(schema))
+
+
+def test_many_schemas_each_within_bounds_are_bounded_together() -> None:
+    """Found in review: 2,000 tools of 8 levels of anyOf/$ref each (255 refs, under every per-schema bound)
+    kept the shared validation pool busy for every tenant. Their static costs together are bounded
+    (``max_request_cost``), cached schemas included; a recursive one counts its nodes, not infinity."""
+    def tool(i: int) -> dict[str, Any]:
+        return {**hostile(8), "description": f"tool {i}"}  # distinct: nothing shared through the cache
+
+    single = measure(tool(0), SchemaBounds()).cost
+    bounds = SchemaBounds(max_request_cost=int(single * 10))
+    prepare(body(*(tool(i) for i in range(10))), bounds=bounds)
+    with pytest.raises(RequestInvalid) as refused:
+        prepare(body(*(tool(i) for i in range(11))), bounds=bounds)
+    assert refused.value.param == "tools" and "(request: " in refused.value.message
+    with pytest.raises(RequestInvalid):  # the same schemas again, now cached: still counted
+        prepare(body(*(tool(i) for i in range(11))), bounds=bounds)
+    recursive = {"type": "object", "properties": {"n": {"$ref": "#"}}}
+    prepare(body(*(dict(recursive, description=str(i)) for i in range(50))), bounds=SchemaBounds(max_request_cost=500))
