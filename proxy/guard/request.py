@@ -131,10 +131,11 @@ def _request_cost(cost: SchemaCost) -> float:
 
 def _within_request_cost(total: float, bounds: SchemaBounds) -> None:
     """``RequestInvalid`` (bound ``request``, ``param`` ``tools``) once the request's schemas together are
-    past ``bounds.max_request_cost``."""
-    if total > bounds.max_request_cost:
+    past ``bounds.max_request_cost`` (never below ``max_cost``: one schema within its own bound passes)."""
+    limit = max(bounds.max_request_cost, bounds.max_cost)
+    if total > limit:
         raise RequestInvalid(f"the tools' parameters schemas together are too complex to validate (request: "
-                             f"static cost over {bounds.max_request_cost}; declare fewer or simpler tools)",
+                             f"static cost over {limit}; declare fewer or simpler tools)",
                              param="tools", code="tool_schema_too_complex")
 
 

@@ -305,7 +305,7 @@ def test_many_schemas_each_within_bounds_are_bounded_together() -> None:
         return {**hostile(8), "description": f"tool {i}"}  # distinct: nothing shared through the cache
 
     single = measure(tool(0), SchemaBounds()).cost
-    bounds = SchemaBounds(max_request_cost=int(single * 10))
+    bounds = SchemaBounds(max_request_cost=int(single * 10), max_cost=int(single))
     prepare(body(*(tool(i) for i in range(10))), bounds=bounds)
     with pytest.raises(RequestInvalid) as refused:
         prepare(body(*(tool(i) for i in range(11))), bounds=bounds)
@@ -313,4 +313,5 @@ def test_many_schemas_each_within_bounds_are_bounded_together() -> None:
     with pytest.raises(RequestInvalid):  # the same schemas again, now cached: still counted
         prepare(body(*(tool(i) for i in range(11))), bounds=bounds)
     recursive = {"type": "object", "properties": {"n": {"$ref": "#"}}}
-    prepare(body(*(dict(recursive, description=str(i)) for i in range(50))), bounds=SchemaBounds(max_request_cost=500))
+    prepare(body(*(dict(recursive, description=str(i)) for i in range(50))),
+            bounds=SchemaBounds(max_request_cost=500, max_cost=100))
