@@ -17,6 +17,7 @@ RUN pip install --require-hashes --no-deps -r requirements/runtime.txt
 
 COPY pyproject.toml README.md ./
 COPY config config
+COPY infra infra
 COPY proxy proxy
 COPY tenants tenants
 COPY audit audit

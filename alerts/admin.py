@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from alerts.models import AlertDelivery, AlertWebhook
-from alerts.services import alert_test
+from alerts.tasks import alert_test
 from audit.display import pill
 from tenants.admin import TenantFilter, TenantScopedAdmin
 from tenants.models import validate_header_value

@@ -18,7 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from alerts.webhook import FORMATS
+from infra.webhook import FORMATS
 from tenants import crypto
 from tenants.models import Tenant, validate_outbound_url
 
@@ -79,7 +79,7 @@ class AlertWebhook(models.Model):
 
 
 class AlertDelivery(models.Model):
-    """One alert posted (or being posted) to a webhook; ``payload`` is the alert (``alerts.webhook``)."""
+    """One alert posted (or being posted) to a webhook; ``payload`` is the alert (``infra.webhook``)."""
 
     class Rule(models.TextChoices):
         CORRUPTION = "corruption-rate"

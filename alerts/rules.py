@@ -1,7 +1,7 @@
 """The alert rules of a webhook, evaluated over the audit rows of its tenant (``AlertWebhook`` says which are on).
 
 ``firing(webhook, now)`` returns the alerts due now, each ``(rule, subject, alert)`` with ``alert`` in
-the generic shape of ``alerts.webhook``. Cheap: one grouped query per rule over the indexed
+the generic shape of ``infra.webhook``. Cheap: one grouped query per rule over the indexed
 ``(tenant, created)`` columns of the window.
 """
 
@@ -25,7 +25,7 @@ Firing = tuple[str, str, dict[str, Any]]
 
 def alert(webhook: AlertWebhook, rule: str, subject: str, summary: str, *, value: float | None,
           threshold: float | None, now: datetime) -> dict[str, Any]:
-    """An alert of ``webhook``'s tenant (the generic body of ``alerts.webhook``)."""
+    """An alert of ``webhook``'s tenant (the generic body of ``infra.webhook``)."""
     return {"event": "alert", "rule": rule, "tenant": webhook.tenant.slug, "subject": subject, "summary": summary,
             "value": value, "threshold": threshold, "window_minutes": webhook.window_minutes, "at": now.isoformat()}
 

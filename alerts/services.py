@@ -1,26 +1,23 @@
-"""Alert services: evaluate the rules, record a delivery, post it (STYLE.md rule 7: writes with side effects here).
+"""Alert services: post a recorded delivery, record the end of its retries (STYLE.md rule 7).
 
-``alerts_evaluate`` (periodic: beat, or ``manage.py serve``'s ticker without a broker) creates an
-``AlertDelivery`` per rule that fires and is not cooling down, and enqueues its post on commit.
-``alert_deliver`` makes one POST (Celery retries it with backoff when it raises
-``DeliveryFailed``); ``alert_delivery_fail`` records the end of the retries. Posts go through
-``proxy.outbound_http.sync_outbound_client`` (the outbound address policy at connect time, no
+``alert_deliver`` makes one POST (Celery retries it with backoff when it raises ``DeliveryFailed``);
+``alert_delivery_fail`` records the end of the retries; ``cooling`` says whether a rule already fired
+for a subject within its webhook's window. Evaluating the rules and queueing posts is
+``alerts.tasks`` (``alerts_evaluate``, ``alert_test``), which calls these. Posts go through
+``infra.outbound_http.sync_outbound_client`` (the outbound address policy at connect time, no
 redirects), never from the request path.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 import httpx
-from django.db import transaction
 from django.utils import timezone
 
-from alerts import webhook as wire
 from alerts.models import AlertDelivery, AlertWebhook
-from alerts.rules import alert, firing
-from proxy.outbound_http import sync_outbound_client
+from infra import webhook as wire
+from infra.outbound_http import sync_outbound_client
 
 #: Seconds one POST may take (connect, send, answer).
 POST_TIMEOUT = 10.0
@@ -32,42 +29,9 @@ class DeliveryFailed(Exception):
     """The receiver did not take the alert (a non-2xx answer or a transport error): retry later."""
 
 
-def _cooling(webhook: AlertWebhook, rule: str, subject: str, now: datetime) -> bool:
+def cooling(webhook: AlertWebhook, rule: str, subject: str, now: datetime) -> bool:
     since = now - timedelta(minutes=webhook.window_minutes)
     return AlertDelivery.objects.filter(webhook=webhook, rule=rule, subject=subject, created__gt=since).exists()
-
-
-def _enqueue(delivery: AlertDelivery) -> None:
-    from alerts.tasks import alert_deliver_task
-
-    alert_deliver_task.delay_on_commit(delivery.pk)
-
-
-def _record(webhook: AlertWebhook, rule: str, subject: str, payload: dict[str, Any]) -> AlertDelivery:
-    delivery = AlertDelivery.objects.create(webhook=webhook, tenant_id=webhook.tenant_id, rule=rule,
-                                            subject=subject[:200], payload=payload)
-    _enqueue(delivery)
-    return delivery
-
-
-def alerts_evaluate(*, now: datetime | None = None) -> list[int]:
-    """Evaluate every enabled webhook's rules at ``now``; returns the ids of the deliveries created."""
-    now = now or timezone.now()
-    created = []
-    for hook in AlertWebhook.objects.filter(enabled=True, tenant__active=True).select_related("tenant"):
-        for rule, subject, payload in firing(hook, now):
-            with transaction.atomic():
-                if not _cooling(hook, rule, subject, now):
-                    created.append(_record(hook, rule, subject, payload).pk)
-    return created
-
-
-@transaction.atomic
-def alert_test(*, webhook: AlertWebhook) -> AlertDelivery:
-    """Record and enqueue a test alert to ``webhook`` (the admin's test button)."""
-    payload = alert(webhook, AlertDelivery.Rule.TEST.value, "test", "a test alert from the toolrelay admin",
-                    value=None, threshold=None, now=timezone.now())
-    return _record(webhook, AlertDelivery.Rule.TEST.value, "test", payload)
 
 
 def _post(hook: AlertWebhook, delivery: AlertDelivery) -> httpx.Response:

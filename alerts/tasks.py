@@ -7,6 +7,9 @@ broker (``OffThreadEagerTask``) the task runs in a background thread and Celery 
 once: ``on_retry`` then sleeps the backoff in that thread first, so a receiver that is down is not
 hit six times in a row. ``alerts_evaluate_task()`` evaluates every webhook's rules (beat schedule
 ``setup_schedules``; ``manage.py serve`` without a broker).
+
+``alerts_evaluate`` creates an ``AlertDelivery`` per rule that fires and is not cooling down, and
+queues its post on commit; ``alert_test`` does the same for the admin's test button.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ from __future__ import annotations
 import logging
 import random
 import time
+from datetime import datetime
 from typing import Any
 
 from celery import shared_task
+from django.db import transaction
+from django.utils import timezone
 
-from alerts.services import DeliveryFailed, alert_deliver, alert_delivery_fail, alerts_evaluate
+from alerts.models import AlertDelivery, AlertWebhook
+from alerts.rules import alert, firing
+from alerts.services import DeliveryFailed, alert_deliver, alert_delivery_fail, cooling
 from audit.tasks import OffThreadEagerTask
 
 logger = logging.getLogger(__name__)
@@ -56,3 +64,34 @@ def alert_deliver_task(self: AlertTask, delivery_id: int) -> str:
 def alerts_evaluate_task() -> int:
     """Evaluate every enabled webhook's rules; returns how many alerts were enqueued."""
     return len(alerts_evaluate())
+
+
+def _enqueue(delivery: AlertDelivery) -> None:
+    alert_deliver_task.delay_on_commit(delivery.pk)
+
+
+def _record(webhook: AlertWebhook, rule: str, subject: str, payload: dict[str, Any]) -> AlertDelivery:
+    delivery = AlertDelivery.objects.create(webhook=webhook, tenant_id=webhook.tenant_id, rule=rule,
+                                            subject=subject[:200], payload=payload)
+    _enqueue(delivery)
+    return delivery
+
+
+def alerts_evaluate(*, now: datetime | None = None) -> list[int]:
+    """Evaluate every enabled webhook's rules at ``now``; returns the ids of the deliveries created."""
+    now = now or timezone.now()
+    created = []
+    for hook in AlertWebhook.objects.filter(enabled=True, tenant__active=True).select_related("tenant"):
+        for rule, subject, payload in firing(hook, now):
+            with transaction.atomic():
+                if not cooling(hook, rule, subject, now):
+                    created.append(_record(hook, rule, subject, payload).pk)
+    return created
+
+
+@transaction.atomic
+def alert_test(*, webhook: AlertWebhook) -> AlertDelivery:
+    """Record and enqueue a test alert to ``webhook`` (the admin's test button)."""
+    payload = alert(webhook, AlertDelivery.Rule.TEST.value, "test", "a test alert from the toolrelay admin",
+                    value=None, threshold=None, now=timezone.now())
+    return _record(webhook, AlertDelivery.Rule.TEST.value, "test", payload)

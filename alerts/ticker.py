@@ -1,7 +1,7 @@
 """Without a broker there is no beat: ``manage.py serve`` evaluates the alert rules itself, every
 ``ALERT_EVALUATE_SECONDS``, in a daemon thread of its own (never on the event loop that serves requests).
 
-Each tick runs ``alerts.services.alerts_evaluate`` (a few indexed queries per webhook) and enqueues the
+Each tick runs ``alerts.tasks.alerts_evaluate`` (a few indexed queries per webhook) and enqueues the
 posts, which ``OffThreadEagerTask`` runs in threads of their own. A tick that fails (the database is
 down) is logged and the next one tries again. With a broker configured, this does nothing: beat runs
 ``alerts.tasks.alerts_evaluate_task`` on the schedule ``setup_schedules`` registers.
@@ -36,7 +36,7 @@ def _run(interval: float) -> None:
 
 def tick() -> int:
     """Evaluate the rules once; returns how many alerts were enqueued (0 when the evaluation failed)."""
-    from alerts.services import alerts_evaluate
+    from alerts.tasks import alerts_evaluate
 
     try:
         return len(alerts_evaluate())

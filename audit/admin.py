@@ -33,8 +33,9 @@ from audit import views
 from audit.display import PROBLEM_OUTCOMES, USABLE_OUTCOMES, duration, pill, tokens, wasted_tokens
 from audit.fragments import CSS, render_context, render_fragment, render_frames, split_frames
 from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
-from audit.report_services import report_delete, report_enqueue
+from audit.report_services import report_delete
 from audit.scoping import can_manage_audit, can_view_audit, managed_tenant_ids, visible_tenant_ids, visible_tenants
+from audit.tasks import report_enqueue
 from audit.timeline import render_delivered, render_timeline
 from proxy.guard.policy import FragmentStorage
 from tenants.models import Tenant, Upstream

@@ -9,8 +9,8 @@ from __future__ import annotations
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from audit.formats import duration
 from audit.models import Attempt, ProxyRequest
-from audit.templatetags.audit_format import duration
 
 Outcome = ProxyRequest.Outcome
 #: Outcomes the "problems only" list shows: the guard repaired or retried, or the client got no

@@ -1,6 +1,6 @@
 """The fragment viewer: offending SSE frames pretty-printed, with the anomaly marked.
 
-Frames are numbered and located exactly as the guard numbered them (``proxy.guard.sse``: 0-based
+Frames are numbered and located exactly as the guard numbered them (``proxy.guard.stream.sse``: 0-based
 dispatched events, byte offset of the event's first field line), so a finding's ``frame`` and
 ``byte_offset`` point into a stored attempt body. ``data`` payloads that are JSON are shown
 indented; a payload that is not JSON is shown as sent with the character where parsing failed
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from proxy.guard.sse import SSEDecoder
+from proxy.guard.stream.sse import SSEDecoder
 
 #: Frames rendered around the first marked one on a whole-body page.
 WINDOW = 200

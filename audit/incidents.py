@@ -7,7 +7,7 @@ turns those records into incidents, without the database (Postgres may be what i
 - ``retry``: a request that needed more than one upstream call and was recovered (``recovered-by-retry``);
 - ``loop-broken``: a finding of kind ``agent-loop`` (the loop breaker's), in any record;
 - ``retry-budget``: a finding of kind ``retry-budget-spent`` (a tenant's retry budget stopped a retry,
-  ``proxy.retry_budget``); one incident per tenant per ``BUDGET_QUIET`` seconds;
+  ``proxy.policy.retry_budget``); one incident per tenant per ``BUDGET_QUIET`` seconds;
 - ``upstream-unreachable``: ``BURST_COUNT`` attempts to one upstream within ``BURST_WINDOW`` seconds that
   could not connect, timed out or got a 5xx; one incident per burst (quiet for a window after it);
 - ``journal-not-draining`` / ``journal-draining``: the writer's database state changed (``journal_state``).

@@ -154,7 +154,7 @@ class Journal:
 
     def _drop(self, what: str) -> None:
         self.dropped[what] = self.dropped.get(what, 0) + 1
-        from proxy import metrics
+        from infra import metrics
 
         metrics.JOURNAL_DROPPED.labels(what=what).inc()
 

@@ -3,7 +3,7 @@
 Every ``JOURNAL_BATCH_SECONDS`` it fsyncs this process's journal (at most every
 ``JOURNAL_FSYNC_SECONDS``), reads the records appended since the last batch, and writes them in one
 transaction (``audit.services.journal_batch_write``: bulk inserts, idempotent), with a client-side
-deadline of ``DB_CALL_TIMEOUT_SECONDS`` (``proxy.dbcall.bounded``). While the database is down,
+deadline of ``DB_CALL_TIMEOUT_SECONDS`` (``infra.dbcall.bounded``). While the database is down,
 slow or frozen the records stay in the journal, which keeps growing up to its bound; the writer
 backs off and tries again, and drains the backlog when the database is back. Every state change is
 one log line; ``status()`` feeds ``/readyz``, the metrics and the admin banner.
@@ -32,11 +32,11 @@ from django.db import close_old_connections, connections
 from django.db.utils import DataError, IntegrityError, OperationalError
 from django.utils import timezone
 
-from alerts import operator as operator_alert
 from audit import incident_feed, services
 from audit.incidents import Detector, journal_state
 from audit.journal import SUFFIX, Journal, Line, lock_orphan, read_lines, read_offset
-from proxy.dbcall import bounded
+from infra import operator_alert
+from infra.dbcall import bounded
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ class JournalWriter(threading.Thread):
         operator_alert.post(item)
 
     def _gauge(self) -> None:
-        from proxy import metrics
+        from infra import metrics
 
         metrics.JOURNAL_BACKLOG.set(self.journal.backlog)
         metrics.DATABASE_UP.set(1 if self.database == "ok" else 0)

@@ -1,6 +1,7 @@
-"""Writes around reports and retention (STYLE.md rule 7): request, build, fail, delete, purge.
+"""Writes around reports and retention (STYLE.md rule 7): build, fail, delete, purge.
 
-``audit.tasks`` calls these by id; the admin and the management commands call them directly.
+``audit.tasks`` calls these by id (and requests reports: ``report_request`` creates one and queues its
+build); the admin and the management commands call them directly.
 Status and progress are written with ``update()`` outside long transactions, so the admin sees a
 running report move. The slow part (queries, files) runs outside any transaction.
 """
@@ -9,19 +10,17 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.files import File
-from django.db import transaction
 from django.utils import timezone
 
 from audit import exports
 from audit.models import Finding, Fragment, Report
 from audit.reports import Figures, Scope, build_figures
-from tenants.models import Tenant, Upstream
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -30,28 +29,6 @@ FIGURES_SHARE = 60
 #: Rows purged per statement, so a large purge never holds one huge transaction.
 PURGE_BATCH = 5000
 ERROR_CAP = 4000
-
-
-def report_request(*, since: datetime, until: datetime, format: str, tenants: Iterable[Tenant] = (),
-                   upstreams: Iterable[Upstream] = (), requested_by: Any = None,
-                   origin: str = Report.Origin.ADMIN, enqueue: bool = True) -> Report:
-    """Create a queued report and (unless ``enqueue`` is False) enqueue its build on commit."""
-    with transaction.atomic():
-        report = Report.objects.create(since=since, until=until, format=format, origin=origin,
-                                       requested_by=requested_by)
-        report.tenants.set(list(tenants))
-        report.upstreams.set(list(upstreams))
-        if enqueue:
-            report_enqueue(report=report)
-    return report
-
-
-def report_enqueue(*, report: Report) -> None:
-    """Reset ``report`` to queued and hand its build to Celery once the transaction commits."""
-    from audit.tasks import report_build_task  # tasks import this module
-
-    Report.objects.filter(pk=report.pk).update(status=Report.Status.QUEUED, progress=0, error="", finished=None)
-    report_build_task.delay_on_commit(report.pk)
 
 
 def scope_of(report: Report) -> Scope:
@@ -128,14 +105,6 @@ def report_delete(*, report: Report) -> None:
     """Delete ``report`` and its files."""
     _delete_files(report)
     report.delete()
-
-
-def report_schedule(*, tenant_slug: str, days: int, format: str, now: datetime | None = None) -> Report:
-    """A scheduled report of ``tenant_slug`` over the ``days`` whole UTC days before today; enqueued."""
-    tenant = Tenant.objects.get(slug=tenant_slug)
-    until = (now or timezone.now()).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return report_request(since=until - timedelta(days=days), until=until, format=format, tenants=[tenant],
-                          origin=Report.Origin.SCHEDULE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ The relay builds plain records in memory and appends them at once to this proces
 (``audit.journal``): ``request_started`` when a request is understood, ``attempt_finished`` when an
 upstream call ends (so a corrupted attempt is on record before its retry starts), ``request_finished``
 when the response has ended. The upstream client appends ``limit_learned`` when it learns what an
-upstream refuses (``proxy.learned``); the writer keeps it as the ``UpstreamLearnedLimit`` row of its
+upstream refuses (``proxy.upstreams.learned``); the writer keeps it as the ``UpstreamLearnedLimit`` row of its
 upstream, model and parameter (the one learned last wins; an admin's later edit is kept).
 Appending is a few microseconds and never raises or waits for the database. The journal writer
 (``audit.journal_writer``) hands batches of records to ``journal_batch_write``, which writes them in
@@ -17,151 +17,18 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connections, models, transaction
 from django.utils import timezone
 
 from audit.models import Attempt, Finding, Fragment, ProxyRequest
-from proxy.guard.findings import Finding as GuardFinding
-from proxy.guard.policy import FragmentStorage
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What is known of a client request when it starts. ``id`` is also the client's x-request-id."""
-
-    id: uuid.UUID
-    tenant_id: int
-    api_key_id: int | None
-    model: str
-    path: str
-    client_protocol: str = "openai-chat"
-    client_user_agent: str = ""
-    route_id: int | None = None
-    upstream_id: int | None = None
-    upstream_model: str = ""
-    fragments: FragmentStorage = FragmentStorage.OFFENDING
-    created: datetime = field(default_factory=timezone.now)
-    #: Request-level findings (not about an upstream answer: client fields not forwarded).
-    findings: Sequence[GuardFinding] = ()
-
-
-@dataclass(slots=True)
-class AttemptRecord:
-    """One finished upstream attempt. Durations in milliseconds; ``body`` is the raw upstream body
-    (kept only when the policy stores whole attempts, capped at ``AUDIT_BODY_CAP``)."""
-
-    number: int
-    upstream_id: int | None
-    upstream_model: str
-    outcome: str
-    upstream_status: int | None = None
-    abort_reason: str = ""
-    ttfb_ms: float | None = None
-    duration_ms: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    bytes_received: int = 0
-    frames: int = 0
-    findings: Sequence[GuardFinding] = ()
-    body: bytes = b""
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """How a request ended. Times in milliseconds; tokens summed over every attempt."""
-
-    outcome: str
-    status: int | None
-    attempts: int
-    ttft_ms: float | None = None
-    total_ms: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    wasted_completion_tokens: int = 0
-    wasted_ms: float = 0.0
-    error: str = ""
-    #: What the client received at the end (``audit.delivered`` shapes); None when not recorded.
-    delivered: dict[str, Any] | None = None
-    #: Request-level findings decided at the end (the loop breaker's ``agent-loop``).
-    findings: Sequence[GuardFinding] = ()
-
 
 # ----- the byte path: records into the journal -----
 
-def _journal_append(record: dict[str, Any]) -> None:
-    from audit.journal_writer import journal
-
-    journal().append(record)
-
-
-def _request_json(record: RequestRecord) -> dict[str, Any]:
-    return {
-        "tenant_id": record.tenant_id, "api_key_id": record.api_key_id, "route_id": record.route_id,
-        "upstream_id": record.upstream_id, "client_protocol": record.client_protocol,
-        "client_user_agent": record.client_user_agent[:200], "model": record.model[:200],
-        "upstream_model": record.upstream_model[:200], "path": record.path,
-        "created": record.created.timestamp(), "fragments": record.fragments.value,
-    }
-
-
-def _finding_json(f: GuardFinding, keep_frames: bool) -> dict[str, Any]:
-    return {"kind": f.kind.value, "severity": f.severity.value, "action": f.action.value, "choice": f.choice,
-            "slot": f.slot, "frame": f.frame, "offset": f.offset, "fragment": f.fragment if keep_frames else "",
-            "detail": f.detail, "tool": f.tool}
-
-
-def request_started(*, request: RequestRecord) -> None:
-    """Journal that ``request`` started (a request with a start and no end becomes ``interrupted``)."""
-    record: dict[str, Any] = {"t": "start", "id": str(request.id), "req": _request_json(request)}
-    if request.findings:
-        record["findings"] = [_finding_json(f, False) for f in request.findings]
-    _journal_append(record)
-
-
-def attempt_finished(*, request: RequestRecord, attempt: AttemptRecord) -> None:
-    """Journal one finished upstream attempt with its findings and, per policy, its raw body."""
-    keep_frames = request.fragments != FragmentStorage.NONE
-    a = attempt
-    record: dict[str, Any] = {
-        "t": "attempt", "id": str(request.id), "tenant_id": request.tenant_id, "number": a.number,
-        "upstream_id": a.upstream_id, "upstream_model": a.upstream_model[:200], "outcome": a.outcome,
-        "upstream_status": a.upstream_status, "abort_reason": a.abort_reason, "ttfb_ms": a.ttfb_ms,
-        "duration_ms": a.duration_ms, "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
-        "bytes_received": a.bytes_received, "frames": a.frames, "created": timezone.now().timestamp(),
-        "findings": [_finding_json(f, keep_frames) for f in a.findings],
-    }
-    if request.fragments == FragmentStorage.ATTEMPT and a.body:
-        cap = settings.AUDIT_BODY_CAP
-        record["body"] = base64.b64encode(a.body[:cap]).decode("ascii")
-        record["truncated"] = len(a.body) > cap
-    _journal_append(record)
-
-
-def limit_learned(*, fact: Any) -> None:
-    """Journal a fact the upstream client learned (a ``proxy.learned.LearnedFact``)."""
-    _journal_append({"t": "learned", "fact": {"upstream_id": fact.upstream_id, "model": fact.model[:200],
-                                              "parameter": fact.parameter[:100], "limit": fact.limit,
-                                              "learned_at": fact.learned_at, "expires_at": fact.expires_at,
-                                              "detail": fact.detail[:1000]}})
-
-
-def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
-    """Journal how ``request`` ended (self-contained: the row can be created from this record alone)."""
-    r = result
-    record: dict[str, Any] = {"t": "finish", "id": str(request.id), "req": _request_json(request), "res": {
-        "outcome": r.outcome, "status": r.status, "attempts": r.attempts, "ttft_ms": r.ttft_ms,
-        "total_ms": r.total_ms, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-        "wasted_completion_tokens": r.wasted_completion_tokens, "wasted_ms": r.wasted_ms,
-        "error": r.error[:2000], "delivered": r.delivered, "finished": timezone.now().timestamp()}}
-    if r.findings:
-        record["findings"] = [_finding_json(f, False) for f in r.findings]
-    _journal_append(record)
 
 
 # ----- the writer: batches into the database -----

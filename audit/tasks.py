@@ -1,7 +1,9 @@
 """Celery tasks of the audit app: thin, id-based wrappers over ``audit.report_services`` (STYLE.md rule 9).
 
-Callers enqueue with ``report_build_task.delay_on_commit(report.pk)``. With a broker configured a
-normal worker runs them. With none (``CELERY_TASK_ALWAYS_EAGER``, the default of ``make run``),
+``report_request`` creates a report and queues its build (``report_enqueue``:
+``report_build_task.delay_on_commit(report.pk)``); ``report_schedule`` is beat's periodic request.
+With a broker configured a normal worker runs them. With none (``CELERY_TASK_ALWAYS_EAGER``, the default
+of ``make run``),
 ``OffThreadEagerTask`` runs the task eagerly in a background thread of the calling process, so an
 admin request that asks for a report returns at once instead of building it on the request thread
 (docs/reports.md, "Running without a broker").
@@ -14,15 +16,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import shared_task
 from celery.contrib.django.task import DjangoTask
 from celery.result import AsyncResult
 from celery.utils import uuid
-from django.db import OperationalError, connections
+from django.db import OperationalError, connections, transaction
+from django.utils import timezone
 
-from audit.report_services import report_build, report_fail, report_schedule, retention_purge
+from audit.models import Report
+from audit.report_services import report_build, report_fail, retention_purge
+from tenants.models import Tenant, Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -84,3 +91,31 @@ def retention_purge_task() -> dict[str, int]:
     """Purge raw fragments past each tenant's retention days; returns what was removed."""
     result = retention_purge()
     return {"fragments": result.fragments, "finding_fragments": result.finding_fragments}
+
+
+def report_request(*, since: datetime, until: datetime, format: str, tenants: Iterable[Tenant] = (),
+                   upstreams: Iterable[Upstream] = (), requested_by: Any = None,
+                   origin: str = Report.Origin.ADMIN, enqueue: bool = True) -> Report:
+    """Create a queued report and (unless ``enqueue`` is False) enqueue its build on commit."""
+    with transaction.atomic():
+        report = Report.objects.create(since=since, until=until, format=format, origin=origin,
+                                       requested_by=requested_by)
+        report.tenants.set(list(tenants))
+        report.upstreams.set(list(upstreams))
+        if enqueue:
+            report_enqueue(report=report)
+    return report
+
+
+def report_enqueue(*, report: Report) -> None:
+    """Reset ``report`` to queued and hand its build to Celery once the transaction commits."""
+    Report.objects.filter(pk=report.pk).update(status=Report.Status.QUEUED, progress=0, error="", finished=None)
+    report_build_task.delay_on_commit(report.pk)
+
+
+def report_schedule(*, tenant_slug: str, days: int, format: str, now: datetime | None = None) -> Report:
+    """A scheduled report of ``tenant_slug`` over the ``days`` whole UTC days before today; enqueued."""
+    tenant = Tenant.objects.get(slug=tenant_slug)
+    until = (now or timezone.now()).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return report_request(since=until - timedelta(days=days), until=until, format=format, tenants=[tenant],
+                          origin=Report.Origin.SCHEDULE)

@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString, mark_safe
 from audit.delivered import TEXT_CAP
 from audit.display import duration, frames, pill, tokens, usage_missing
 from audit.models import Attempt, ProxyRequest
-from proxy.guard.loops import STUCK_PREFIX
+from proxy.guard.decisions.loops import STUCK_PREFIX
 
 #: Bar fill per attempt outcome (strong colours: the pills' backgrounds are too pale for a bar).
 BAR_COLOURS = {"clean": "#16a34a", "normalized": "#0d9488", "repaired": "#2563eb", "retry": "#d97706",
@@ -102,7 +102,7 @@ def render_delivered(request: ProxyRequest) -> SafeString:
     if value.get("kind") == "exhausted":
         what = "an in-stream error" if value.get("as_error") else "a terminal assistant message"
         message = str(value.get("message") or "")
-        # The loop breaker's answer is delivered the way an exhaustion answer is (proxy/loop_breaker.py).
+        # The loop breaker's answer is delivered the way an exhaustion answer is (proxy/policy/loop_breaker.py).
         why = ("The loop breaker stopped the agent (see the agent-loop finding)"
                if message.startswith(STUCK_PREFIX) else "Retries ran out")
         return format_html("<p>{}; the client got {}:</p>{}", why, what, _pre(message, len(message)))

@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from the repo root
 
-from proxy.guard.attempt import AttemptGuard  # noqa: E402 -- needs the path set above
-from proxy.guard.emit_openai import OpenAIChatEmitter  # noqa: E402
+from proxy.guard.decisions.attempt import AttemptGuard  # noqa: E402 -- needs the path set above
 from proxy.guard.events import Done, TextDelta  # noqa: E402
 from proxy.guard.policy import GuardPolicy  # noqa: E402
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter  # noqa: E402
 from proxy.guard.turn import RequestSpec, ToolSpec  # noqa: E402
 
 ENVELOPE = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000,

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import guard_micro  # noqa: E402 -- needs the path set above
 
-from proxy.guard import attempt  # noqa: E402
+from proxy.guard.decisions import attempt  # noqa: E402
 
 
 def _load(path: Path) -> ModuleType:

@@ -2,7 +2,7 @@
 
 ``.venv/bin/python bench/passcheck_micro.py [--runs N]`` feeds a tool-less stream (19 content deltas,
 a finish chunk, a usage chunk, ``[DONE]``; one network chunk per frame, as upstreams send them) through
-``proxy.guard.passcheck.PassCheck`` with one upstream secret to look for, and prints the microseconds
+``proxy.guard.checks.passcheck.PassCheck`` with one upstream secret to look for, and prints the microseconds
 per stream (best of N runs of 2,000 streams each: the box's other load only ever adds). The baseline is
 ``json.loads`` of every frame alone, the least a check that a frame is JSON can cost. Budget (issue 11):
 <= 150 us per 21-frame request.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.guard.passcheck import PassCheck  # noqa: E402
+from proxy.guard.checks.passcheck import PassCheck  # noqa: E402
 
 
 def stream() -> list[bytes]:

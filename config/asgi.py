@@ -21,7 +21,7 @@ from django.urls import re_path  # noqa: E402
 
 from audit.consumers import IncidentConsumer  # noqa: E402
 from audit.views import SOCKET_PATH  # noqa: E402
-from proxy.routing import proxy_urlpatterns  # noqa: E402
+from proxy.edge.routing import proxy_urlpatterns  # noqa: E402
 
 _django: Any = ASGIStaticFilesHandler(django_application) if settings.SERVE_STATIC else django_application
 # Channels routes ASGI apps with Django's URL patterns; the stubs type those for views only.

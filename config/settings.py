@@ -66,10 +66,10 @@ UPSTREAM_MAX_KEEPALIVE = envint("UPSTREAM_MAX_KEEPALIVE", 100)
 RETRY_AFTER_MAX_SECONDS = envfloat("RETRY_AFTER_MAX_SECONDS", 10.0)
 RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
 #: Networks upstream (and webhook, model-listing) connections may reach although the outbound
-#: address policy (``proxy.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
+#: address policy (``infra.outbound``) refuses them: loopback, private, link-local, CGNAT, ...
 #: Operators only (no tenant admin can change it). Empty: public addresses only.
 UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
-#: What an upstream was learned to refuse (proxy/learned.py: an output budget over its range, a parameter it
+#: What an upstream was learned to refuse (proxy/upstreams/learned.py: an output budget over its range, a parameter it
 #: refuses) holds this long (seconds; default 7 days), so a raised limit is noticed; with REDIS_URL every
 #: process pulls what the others learned this often (seconds).
 UPSTREAM_LEARNED_TTL_SECONDS = envfloat("UPSTREAM_LEARNED_TTL_SECONDS", 7 * 24 * 3600.0)
@@ -79,7 +79,7 @@ UPSTREAM_LEARNED_SYNC_SECONDS = envfloat("UPSTREAM_LEARNED_SYNC_SECONDS", 5.0)
 UPSTREAM_MODELS_CACHE_SECONDS = envfloat("UPSTREAM_MODELS_CACHE_SECONDS", 600.0)
 UPSTREAM_MODELS_TIMEOUT_SECONDS = envfloat("UPSTREAM_MODELS_TIMEOUT_SECONDS", 3.0)
 #: Requests that already passed through this many toolrelay proxies (x-toolrelay-hops) are refused with a
-#: 400 (proxy/hops.py): an upstream pointed back at toolrelay would otherwise chain requests without end.
+#: 400 (proxy/upstreams/hops.py): an upstream pointed back at toolrelay would otherwise chain requests without end.
 MAX_PROXY_HOPS = envint("MAX_PROXY_HOPS", 1)
 #: Longest SSE line read from an upstream (bytes): a longer one is a finding, never unbounded memory.
 MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
@@ -87,7 +87,7 @@ MAX_SSE_LINE_BYTES = envint("MAX_SSE_LINE_BYTES", 4 * 1024 * 1024)
 #: past it the attempt is broken and retried (finding upstream-body-too-large), never unbounded memory.
 MAX_ATTEMPT_BYTES = envint("MAX_ATTEMPT_BYTES", 32 * 1024 * 1024)
 #: Bounds on each tool's `parameters` JSON Schema, checked when a request arrives, before any upstream
-#: call (proxy/guard/schema_bounds.py); a schema past one gets a 400 naming it (code
+#: call (proxy/guard/checks/schema_bounds.py); a schema past one gets a 400 naming it (code
 #: tool_schema_too_complex). The defaults accept the tool sets of Claude Code, Codex CLI, OpenCode and
 #: Qwen Code with a wide margin (tests/proxy/guard/test_schema_bounds.py prints their figures).
 #: Nesting of the schema's JSON (levels; twice this many subschemas with $ref expanded).
@@ -139,7 +139,7 @@ REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
 #: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
 #: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
 RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
-#: The tenant retry budget's window (``GuardPolicy.retry_budget_percent``, ``proxy.retry_budget``): seconds.
+#: The tenant retry budget's window (``GuardPolicy.retry_budget_percent``, ``proxy.policy.retry_budget``): seconds.
 RETRY_BUDGET_WINDOW_SECONDS = envfloat("RETRY_BUDGET_WINDOW_SECONDS", 600.0)
 #: Retries for broken output a tenant always has per window, whatever its share (a new tenant's first ones).
 RETRY_BUDGET_MIN_RETRIES = envint("RETRY_BUDGET_MIN_RETRIES", 10)
@@ -149,7 +149,7 @@ LOOP_SESSION_TTL_SECONDS = envfloat("LOOP_SESSION_TTL_SECONDS", 3600.0)
 #: the orchestrator's stop grace period: compose's stop_grace_period is 60 s).
 SHUTDOWN_GRACE_SECONDS = envfloat("SHUTDOWN_GRACE_SECONDS", 50.0)
 
-#: The operator's webhook (alerts/operator.py): the web process posts to it when its audit journal stops
+#: The operator's webhook (infra/operator_alert.py): the web process posts to it when its audit journal stops
 #: draining into the database and when it drains again (Postgres may be down: no Celery, no database).
 #: Format ``slack`` ({"text": ...}) or ``generic`` (the alert's fields); signed with the secret when set.
 ALERT_WEBHOOK_URL = envstr("ALERT_WEBHOOK_URL")
@@ -174,7 +174,7 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer"
                   if REDIS_URL else {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 
-# ----- limits (proxy.limits): shared state in Redis when REDIS_URL is set, else in process memory -----
+# ----- limits (proxy.policy): shared state in Redis when REDIS_URL is set, else in process memory -----
 
 #: Deadline of one Redis call of the limits (seconds); past it, or on any error, limits fail open.
 LIMITS_REDIS_TIMEOUT_SECONDS = envfloat("LIMITS_REDIS_TIMEOUT_SECONDS", 0.05)

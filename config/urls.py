@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-from proxy import health
+from proxy.edge import health
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),

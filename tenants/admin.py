@@ -28,9 +28,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from proxy.limits.config import LIMIT_NAMES
 from tenants import crypto, revocation
 from tenants.admin_site import register_login_trail
+from tenants.limits import LIMIT_NAMES
 from tenants.models import (
     ApiKey,
     Membership,
@@ -695,7 +695,7 @@ class LearnedLimitForm(forms.ModelForm):  # type: ignore[type-arg]
 
 @admin.register(UpstreamLearnedLimit)
 class UpstreamLearnedLimitAdmin(TenantScopedAdmin[UpstreamLearnedLimit]):
-    """What upstreams were learned to refuse, from their own errors (``proxy.learned``): an operator may
+    """What upstreams were learned to refuse, from their own errors (``proxy.upstreams.learned``): an operator may
     change a value, set when it expires, or forget it (it expires now). Saving stamps the row, so the edit
     wins over what proxy processes learned before it."""
 

@@ -21,26 +21,21 @@ the stale window never extends a revoked key.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import fnmatch
 import logging
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connections
 from django.db.utils import Error as DatabaseError
 
-from proxy.background import schedule
-from proxy.dbcall import bounded
-from proxy.guard.policy import GuardPolicy
-from proxy.learned import LearnedFact
-from proxy.limits.config import Limits
+from infra.background import schedule
+from infra.dbcall import bounded
 from tenants import last_good, revocation
+from tenants.key_cache import key_cache
+from tenants.learned import LearnedFact
 from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream, UpstreamLearnedLimit
+from tenants.principal import Principal, Route, UpstreamTarget
 
 logger = logging.getLogger(__name__)
 
@@ -52,117 +47,6 @@ class KeyRefused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamTarget:
-    """Where one attempt goes: the upstream (credential still encrypted) and the upstream model name.
-
-    Timeouts in seconds. ``learned``: what the database knows this upstream refuses, every model's
-    (``UpstreamLearnedLimit`` rows, expired ones included: an admin's "forget" is one), merged into the
-    upstream client's own facts when the target is used.
-    """
-
-    upstream_id: int
-    name: str
-    base_url: str
-    model: str
-    credential_encrypted: str = field(repr=False)
-    extra_headers_encrypted: str = field(repr=False)
-    connect_timeout: float
-    first_byte_timeout: float
-    idle_timeout: float
-    request_deadline: float | None = None  # the upstream's own bound on a whole request
-    learned: tuple[LearnedFact, ...] = field(default=(), repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
-    """A resolved model: ``targets[0]`` serves attempt 0, ``targets[k]`` retry k (the last repeats).
-
-    ``deadline``: seconds a whole request may take, the smallest of ``REQUEST_DEADLINE_SECONDS``, the
-    route's and every target upstream's own (tenant values can only shorten the server's).
-    """
-
-    public_model: str
-    route_id: int | None
-    targets: tuple[UpstreamTarget, ...]
-    max_output_tokens: int | None
-    policy: GuardPolicy
-    deadline: float = 600.0
-    #: The matched route's ``public_name`` as configured (a metrics label); None for the default upstream.
-    route_name: str | None = None
-
-    def target(self, attempt: int) -> UpstreamTarget:
-        """The target for 0-based ``attempt``: the primary, then fallbacks in order, then the last one again."""
-        return self.targets[min(attempt, len(self.targets) - 1)]
-
-    def attempts(self) -> Iterator[tuple[int, UpstreamTarget]]:
-        """``(attempt, target)`` for the first attempt and every retry the policy allows, in order."""
-        for attempt in range(1 + self.policy.max_retries):
-            yield attempt, self.target(attempt)
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """A tenant's model route: ``targets`` are (upstream, upstream model or '' for the requested name),
-    enabled upstreams only, primary first."""
-
-    route_id: int
-    public_name: str
-    is_glob: bool
-    targets: tuple[tuple[UpstreamTarget, str], ...]
-    max_output_tokens: int | None
-    policy: GuardPolicy
-    request_deadline: float | None = None
-
-    def matches(self, model: str) -> bool:
-        """True when ``model`` is this route's name or matches its glob."""
-        return fnmatch.fnmatchcase(model, self.public_name) if self.is_glob else model == self.public_name
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """An authorized API key: what a request needs of its tenant, without the database."""
-
-    tenant_id: int
-    slug: str
-    active: bool
-    api_key_id: int
-    routes: tuple[Route, ...]
-    default_target: UpstreamTarget | None  # the tenant's default upstream (enabled), model name unset
-    policy: GuardPolicy  # the tenant's own policy (routes carry theirs)
-    limits: Limits = Limits()  # the tenant's limits (proxy.limits.config)
-    key_limits: Limits = Limits()  # the key's own, within the tenant's
-
-    def resolve(self, model: str) -> RoutePlan | None:
-        """The plan for ``model``: an exact route, else the most specific matching glob (longest
-        pattern), else the tenant's default upstream with the name unchanged, else None."""
-        exact = [r for r in self.routes if not r.is_glob and r.public_name == model]
-        globs = sorted((r for r in self.routes if r.is_glob and r.matches(model)), key=lambda r: -len(r.public_name))
-        matches = exact or globs
-        if matches:
-            route = matches[0]
-            if not route.targets:
-                return None
-            targets = tuple(dataclasses.replace(t, model=m or model) for t, m in route.targets)
-            return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy,
-                             _deadline(route.request_deadline, targets), route_name=route.public_name)
-        if self.default_target is not None:
-            targets = (dataclasses.replace(self.default_target, model=model),)
-            return RoutePlan(model, None, targets, None, self.policy, _deadline(None, targets))
-        return None
-
-    def model_names(self) -> list[str]:
-        """Public model names this tenant routes by exact name (a glob such as ``claude-*`` is no model id;
-        names served only by the default upstream are not known here)."""
-        return sorted(r.public_name for r in self.routes if not r.is_glob)
-
-
-def _deadline(route: float | None, targets: tuple[UpstreamTarget, ...]) -> float:
-    """The effective request deadline in seconds (see ``RoutePlan``)."""
-    own = [d for d in (route, *(t.request_deadline for t in targets)) if d]
-    return min([float(settings.REQUEST_DEADLINE_SECONDS), *own])
 
 
 def _target(upstream: Upstream, learned: dict[int, tuple[LearnedFact, ...]]) -> UpstreamTarget:
@@ -228,77 +112,6 @@ def api_key_authenticate(raw: str) -> ApiKey | None:
     return key
 
 
-class _KeyCache:
-    """A tiny TTL cache of principals keyed by the key's digest (the raw key is never kept).
-
-    ``get`` answers hits; ``claim_refresh`` tells one caller when a live entry is past half its
-    lifetime; ``put`` stores an answer (None = refused) for ``AUTH_CACHE_SECONDS``.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
-        self._refreshing: set[str] = set()
-
-    def get(self, digest: str) -> tuple[bool, Principal | None]:
-        with self._lock:
-            hit = self._entries.get(digest)
-        if hit is None or hit[0] < time.monotonic():
-            return False, None
-        return True, hit[1]
-
-    def claim_refresh(self, digest: str) -> bool:
-        """True, for one caller, when ``digest``'s live entry is past half its lifetime."""
-        with self._lock:
-            hit = self._entries.get(digest)
-            remaining = hit[0] - time.monotonic() if hit is not None else 0.0
-            if not 0 < remaining <= settings.AUTH_CACHE_SECONDS / 2 or digest in self._refreshing:
-                return False
-            self._refreshing.add(digest)
-            return True
-
-    def claim(self, digest: str) -> bool:
-        """True, for one caller, when no refresh of ``digest`` is under way (release it when done)."""
-        with self._lock:
-            if digest in self._refreshing:
-                return False
-            self._refreshing.add(digest)
-            return True
-
-    def put(self, digest: str, principal: Principal | None) -> None:
-        expires = time.monotonic() + settings.AUTH_CACHE_SECONDS
-        with self._lock:
-            if len(self._entries) > 10_000:
-                self._entries.clear()
-            self._entries[digest] = (expires, principal)
-
-    def release(self, digest: str) -> None:
-        """A refresh of ``digest`` ended (renewed or failed): the next one may be claimed."""
-        with self._lock:
-            self._refreshing.discard(digest)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._refreshing.clear()
-
-    def drop(self, digest: str) -> None:
-        """Forget ``digest``'s answer (a revocation broadcast): the next request asks the database."""
-        with self._lock:
-            self._entries.pop(digest, None)
-
-    def drop_tenant(self, tenant_id: int) -> list[str]:
-        """Forget every cached principal of tenant ``tenant_id``; return their digests."""
-        with self._lock:
-            gone = [d for d, (_, p) in self._entries.items() if p is not None and p.tenant_id == tenant_id]
-            for digest in gone:
-                del self._entries[digest]
-        return gone
-
-
-key_cache = _KeyCache()
-
-
 def principal_for_key(raw: str, *, refresh: bool = False) -> Principal | None:
     """Authenticate ``raw`` against the database and cache the answer (sync: a database thread).
 
@@ -331,7 +144,7 @@ class AuthUnavailable(Exception):
 
 
 #: Auth lookups run here, never in Channels' single database thread (shared with every other ORM call
-#: of the process) and never on the event loop; each call is bounded (``proxy.dbcall.bounded``).
+#: of the process) and never on the event loop; each call is bounded (``infra.dbcall.bounded``).
 _LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="toolrelay-auth")
 
 
@@ -391,37 +204,50 @@ async def _looked_up(raw: str, digest: str) -> Principal | None:
     loop = asyncio.get_running_loop()
     remembered: Principal | None = last_good.recall_memory(digest)
     if remembered is not None and time.monotonic() >= _down_until:
-        future = loop.run_in_executor(_LOOKUPS, _lookup, raw, False)
-        done, _ = await asyncio.wait({future}, timeout=KNOWN_KEY_WAIT)
-        if done:
-            try:
-                return future.result()
-            except (DatabaseError, TimeoutError) as exc:
-                _down_until = time.monotonic() + DOWN_SECONDS
-                logger.warning("database unavailable (%s): serving key %s from its last good answer", exc,
-                               digest[:8])
-        else:
-            future.add_done_callback(_note_failure)
-        key_cache.put(digest, remembered)
-        return remembered
+        return await _known_key(raw, digest, remembered)
     if time.monotonic() < _down_until:
-        stale: Principal | None = await loop.run_in_executor(None, last_good.recall, digest)
-        if stale is None:
-            raise AuthUnavailable("the database was unavailable a moment ago")
-        key_cache.put(digest, stale)
-        if key_cache.claim(digest):
-            schedule(_refresh(raw))  # one background try at a time; its answer replaces the stale one
-        return stale
+        return await _while_down(raw, digest)
     try:
         return await _ask(raw)
     except (DatabaseError, TimeoutError) as exc:
         _down_until = time.monotonic() + DOWN_SECONDS
-        stale = await loop.run_in_executor(None, last_good.recall, digest)
+        stale: Principal | None = await loop.run_in_executor(None, last_good.recall, digest)
         if stale is None:
             raise AuthUnavailable(str(exc)) from None
         logger.warning("database unavailable (%s): serving key %s from its last good answer", exc, digest[:8])
         key_cache.put(digest, stale)
         return stale
+
+
+async def _known_key(raw: str, digest: str, remembered: Principal) -> Principal | None:
+    """A key with a last good answer in this process: the database's answer within ``KNOWN_KEY_WAIT``,
+    else ``remembered`` (the lookup goes on; a failure of it marks the database down)."""
+    global _down_until
+    future = asyncio.get_running_loop().run_in_executor(_LOOKUPS, _lookup, raw, False)
+    done, _ = await asyncio.wait({future}, timeout=KNOWN_KEY_WAIT)
+    if done:
+        try:
+            return future.result()
+        except (DatabaseError, TimeoutError) as exc:
+            _down_until = time.monotonic() + DOWN_SECONDS
+            logger.warning("database unavailable (%s): serving key %s from its last good answer", exc,
+                           digest[:8])
+    else:
+        future.add_done_callback(_note_failure)
+    key_cache.put(digest, remembered)
+    return remembered
+
+
+async def _while_down(raw: str, digest: str) -> Principal:
+    """The database failed a moment ago: the key's last good answer (shared store), one background
+    refresh at a time; ``AuthUnavailable`` when there is none."""
+    stale: Principal | None = await asyncio.get_running_loop().run_in_executor(None, last_good.recall, digest)
+    if stale is None:
+        raise AuthUnavailable("the database was unavailable a moment ago")
+    key_cache.put(digest, stale)
+    if key_cache.claim(digest):
+        schedule(_refresh(raw))  # one background try at a time; its answer replaces the stale one
+    return stale
 
 
 async def authorize(raw: str) -> Principal:

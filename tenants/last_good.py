@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 
 from proxy.guard.policy import Exhaustion, FragmentStorage, GuardPolicy, Repair
-from proxy.limits.config import Limits
+from tenants.limits import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def _policy(data: dict[str, Any]) -> GuardPolicy:
 def _target(data: dict[str, Any]) -> Any:
     """An ``UpstreamTarget`` from its plain values (its learned limits as ``LearnedFact``; none in a
     principal stored before they existed)."""
-    from proxy.learned import LearnedFact
-    from tenants.auth import UpstreamTarget
+    from tenants.learned import LearnedFact
+    from tenants.principal import UpstreamTarget
 
     learned = tuple(f for f in (LearnedFact.from_json(v) for v in data.get("learned", ())) if f is not None)
     return UpstreamTarget(**{**data, "learned": learned})
@@ -66,7 +66,7 @@ def dumps(principal: Any) -> str:
 
 def loads(text: str) -> Any:
     """The principal ``dumps`` wrote."""
-    from tenants.auth import Principal, Route
+    from tenants.principal import Principal, Route
 
     data = json.loads(text)
     routes = tuple(Route(r["route_id"], r["public_name"], r["is_glob"],

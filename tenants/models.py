@@ -18,10 +18,10 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from proxy import outbound
+from infra import outbound
 from proxy.guard.policy import DETERMINISTIC_REPAIRS, Exhaustion, FragmentStorage, GuardPolicy, Repair
-from proxy.limits.config import Limits, above_tenant
 from tenants import crypto
+from tenants.limits import Limits, above_tenant
 
 API_KEY_PREFIX = "tr"
 
@@ -54,7 +54,7 @@ def validate_extra_headers(headers: dict[str, str]) -> None:
 
 
 def validate_outbound_url(url: str) -> None:
-    """The outbound address policy at save time (``proxy.outbound.check_url``). Raises ``ValidationError``."""
+    """The outbound address policy at save time (``infra.outbound.check_url``). Raises ``ValidationError``."""
     try:
         outbound.check_url(url)
     except outbound.OutboundRefused as exc:
@@ -111,7 +111,7 @@ class PolicyFields(models.Model):
 
 
 class LimitFields(models.Model):
-    """Limit columns (``proxy.limits.config.Limits``): None = no limit, 0 = blocked. A key's apply within
+    """Limit columns (``tenants.limits.Limits``): None = no limit, 0 = blocked. A key's apply within
     its tenant's and may not exceed them (``ApiKey.clean``, ``tenants.services.limits_set``)."""
 
     rpm = models.PositiveIntegerField("requests per minute", null=True, blank=True,
@@ -407,7 +407,7 @@ class Membership(models.Model):
 
 
 class UpstreamLearnedLimit(models.Model):
-    """What an upstream was learned to refuse for one model, from its own error (``proxy.learned``):
+    """What an upstream was learned to refuse for one model, from its own error (``proxy.upstreams.learned``):
     ``parameter`` at most ``value``, or left out when ``value`` is blank.
 
     Rows are written by the journal writer (from what a proxy process learned) and by the admin (an
@@ -446,8 +446,8 @@ class UpstreamLearnedLimit(models.Model):
         return self.expires_at > (now or timezone.now())
 
     def fact(self) -> Any:
-        """The row as a ``proxy.learned.LearnedFact`` (what principals carry)."""
-        from proxy.learned import LearnedFact
+        """The row as a ``tenants.learned.LearnedFact`` (what principals carry)."""
+        from tenants.learned import LearnedFact
 
         return LearnedFact(self.upstream_id, self.model, self.parameter, self.value, self.learned_at.timestamp(),
                            self.expires_at.timestamp(), self.detail)

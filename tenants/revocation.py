@@ -2,7 +2,7 @@
 
 ``key_revoked`` / ``tenant_changed`` run where the change is made (services, admin, commands): once the
 transaction commits they drop the local auth cache and last-good entries, remove the shared last-good
-copy, and publish on the shared state's ``auth-revoked`` channel (``proxy.limits.state``: Redis pub/sub
+copy, and publish on the shared state's ``auth-revoked`` channel (``infra.shared_state``: Redis pub/sub
 when ``REDIS_URL`` is set, in process otherwise). Every proxy process subscribes on its first request
 (``listen``) and drops the same entries when a message arrives, so a revoked key is refused everywhere
 within the broadcast's latency (milliseconds) instead of ``AUTH_CACHE_SECONDS``. With Redis down the
@@ -17,7 +17,7 @@ import logging
 
 from django.db import transaction
 
-from proxy.limits.state import get_state
+from infra.shared_state import get_state
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _listening: set[int] = set()  # id() of the shared-state instances subscribed to
 def _drop(message: str) -> None:
     """Forget what ``message`` names in this process's auth cache and last-good memory."""
     from tenants import last_good
-    from tenants.auth import key_cache
+    from tenants.key_cache import key_cache
 
     kind, _, value = message.partition(":")
     if kind == "key" and value:

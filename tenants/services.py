@@ -14,8 +14,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from proxy.limits.config import LIMIT_NAMES, Limits
 from tenants import crypto, revocation
+from tenants.limits import LIMIT_NAMES, Limits
 from tenants.models import (
     API_KEY_PREFIX,
     ApiKey,
@@ -92,7 +92,7 @@ def learned_limit_save(*, limit: UpstreamLearnedLimit) -> UpstreamLearnedLimit:
     """Save an operator's edit of a learned limit, stamped now so it wins over what proxy processes
     learned before it; with ``REDIS_URL`` it reaches every process within ``UPSTREAM_LEARNED_SYNC_SECONDS``,
     else with their next key lookup (``AUTH_CACHE_SECONDS``)."""
-    from proxy.learned import publish_now
+    from tenants.learned import publish_now
 
     limit.learned_at = timezone.now()
     limit.save()

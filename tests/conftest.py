@@ -54,7 +54,7 @@ def _journal_drained() -> Iterator[None]:
 def _fresh_key_cache() -> Iterator[None]:
     """Each test starts with an empty API key cache (it lives for the whole process otherwise)."""
     from tenants import last_good
-    from tenants.auth import key_cache
+    from tenants.key_cache import key_cache
 
     key_cache.clear()
     last_good.forget_all()
@@ -66,7 +66,7 @@ def _fresh_key_cache() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _fresh_shared_state() -> Iterator[None]:
     """Each test starts with empty limit counters (wrong-key counts of 127.0.0.1 would add up otherwise)."""
-    from proxy.limits.state import reset_state
+    from infra.shared_state import reset_state
 
     reset_state(None)
     yield

@@ -6,17 +6,18 @@ Public API re-exported here; one import per line so parallel additions merge cle
 
 from __future__ import annotations
 
-from proxy.guard.accumulate import Accumulator, SlotClosed
-from proxy.guard.attempt import AttemptGuard, decide_completion, guard_body
-from proxy.guard.emit import Emitter
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.errors import classify_inband_error, http_error_decision
+from proxy.guard.checks.repair import resolve_name
+from proxy.guard.checks.validate import check_turn
+from proxy.guard.decisions.attempt import AttemptGuard, decide_completion, guard_body
 from proxy.guard.events import Abort, Channel, Done, Event, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
-from proxy.guard.markup import MarkupScanner, extract_markup
 from proxy.guard.policy import GuardPolicy, Repair
-from proxy.guard.repair import resolve_name
-from proxy.guard.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
+from proxy.guard.protocols.emit import Emitter
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.guard.stream.accumulate import Accumulator, SlotClosed
+from proxy.guard.stream.errors import classify_inband_error, http_error_decision
+from proxy.guard.stream.markup import MarkupScanner, extract_markup
+from proxy.guard.stream.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
 from proxy.guard.turn import (
     ChoiceTurn,
     Decision,
@@ -28,7 +29,6 @@ from proxy.guard.turn import (
     UpstreamError,
     synthesize_call_id,
 )
-from proxy.guard.validate import check_turn
 
 __all__ = [
     "Abort",

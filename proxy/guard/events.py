@@ -1,4 +1,4 @@
-"""Events the attempt guard hands to the relay (see ``proxy.guard.attempt.AttemptGuard``).
+"""Events the attempt guard hands to the relay (see ``proxy.guard.decisions.attempt.AttemptGuard``).
 
 ``feed()`` returns ``TextDelta``, ``ToolCallValid``, ``Finding`` and ``Abort`` events in stream
 order; ``finish()`` returns the remaining ones and ends with exactly one ``Done`` (or ``Pending``,
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from proxy.guard.checks.validate import Offloaded
 from proxy.guard.findings import Finding
 from proxy.guard.turn import Decision, ToolCall
-from proxy.guard.validate import Offloaded
 
 Channel = Literal["content", "reasoning", "refusal"]
 

@@ -115,7 +115,7 @@ class FindingKind(enum.StrEnum):
     CREDENTIAL_REFLECTED = "credential-reflected"  # the upstream echoed toolrelay's credential in an answer
     REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries
     # The upstream refused a request parameter (an output budget over its range, a field it does not take);
-    # the upstream client asked again at once with it clamped or left out (proxy/refusals.py).
+    # the upstream client asked again at once with it clamped or left out (proxy/upstreams/refusals.py).
     UPSTREAM_PARAMETER_REFUSED = "upstream-parameter-refused"
     # Input-side family members (accumulate / sse).
     INTERMEDIATE_FINISH_REASON = "intermediate-finish-reason"  # deltas after a choice's finish_reason
@@ -123,19 +123,19 @@ class FindingKind(enum.StrEnum):
     TOOL_CALL_ID_REPEATED = "tool-call-id-repeated"  # same id re-sent on a continuation delta
     TOOL_CALL_INDEX_GAP = "tool-call-index-gap"  # indexes not 0-based / not contiguous
     GUARD_INTERNAL_ERROR = "guard-internal-error"  # a bug in the guard: the attempt is retried, never passed on
-    # Bytes the protocol does not allow (proxy.guard.integrity): retried where they touch a tool call.
+    # Bytes the protocol does not allow (proxy.guard.stream.integrity): retried where they touch a tool call.
     INVALID_UTF8_IN_FRAME = "invalid-utf8-in-frame"  # bytes that are not UTF-8 (decoded as U+FFFD)
     LONE_SURROGATE = "lone-surrogate"  # a \\ud800-\\udfff escape without its pair
     CORRUPTED_KEY = "corrupted-key"  # a key with invalid UTF-8, or one edit away from a known key there
     UNREQUESTED_CHOICE_INDEX = "unrequested-choice-index"  # a choice index >= the request's n
     SSE_LINE_TOO_LONG = "sse-line-too-long"  # an SSE line past MAX_SSE_LINE_BYTES on the guarded path
-    # Argument assembly by the schema (proxy.guard.assemble) and envelope tolerance (proxy.guard.envelope).
+    # Argument assembly by the schema (proxy.guard.stream.assemble) and envelope tolerance (proxy.guard.envelope).
     ARGUMENTS_ASSEMBLED = "arguments-assembled"  # another assembly than plain concatenation was the valid one
     AMBIGUOUS_ARGUMENTS = "ambiguous-arguments"  # no assembly, or several different ones, valid: retried
     ENVELOPE_VARIANT = "envelope-variant"  # another shape / deprecated field / type variant, normalised
-    # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (proxy/guard/loops.py).
+    # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (guard/decisions/loops.py).
     AGENT_LOOP = "agent-loop"
-    # The tenant's retry budget was spent: a broken answer got no further attempt (proxy/retry_budget.py).
+    # The tenant's retry budget was spent: a broken answer got no further attempt (proxy/policy/retry_budget.py).
     RETRY_BUDGET_SPENT = "retry-budget-spent"
 
 

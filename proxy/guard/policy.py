@@ -50,7 +50,7 @@ class GuardPolicy:
     calls); ``stream_text``: release text live in guarded requests; ``early_abort``: stop reading a
     provably broken attempt; ``commit_deadline`` / ``keepalive_interval`` in seconds.
 
-    The loop breaker (``proxy.guard.loops``): ``loop_breaker`` on or off; ``loop_repeats``: the
+    The loop breaker (``proxy.guard.decisions.loops``): ``loop_breaker`` on or off; ``loop_repeats``: the
     delivery of one call that is stopped when the previous ones in a row had identical results (4: the
     4th); ``loop_cycle_repeats``: the repetition of a 2- or 3-call cycle that is stopped (3);
     ``loop_exhausted_turns``: the exhausted turn in a row that gets the stuck answer (3);

@@ -92,7 +92,7 @@ class RequestSpec:
     ``parallel_tool_calls`` False means at most one call per choice; ``n`` is the number of choices;
     ``usage_requested``: the upstream was asked for a usage chunk (so one is not a finding);
     ``inline_cost``: the validation budget of one call on the event loop (``schema_bounds.SchemaBounds``;
-    infinite unless ``proxy.guard.request.prepare`` set it, so a bare spec validates everything inline);
+    infinite unless ``proxy.guard.checks.request.prepare`` set it, so a bare spec validates everything inline);
     ``inline_check_nodes``: a schema not in the compiled-schema cache with more JSON values than this is
     not compiled on the event loop (its calls are validated in the pool).
     """

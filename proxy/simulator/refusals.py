@@ -1,7 +1,7 @@
 """``refuse=NAME[/ARG][,NAME[/ARG]...]``: the simulator refuses a request parameter as a real upstream does.
 
 Each name is ``<family>-<what>``: the family's own wording, status and error envelope, verbatim (the
-sources are those of ``proxy/refusals.py``; this module shares no code with it, so the proxy's reading
+sources are those of ``proxy/upstreams/refusals.py``; this module shares no code with it, so the proxy's reading
 is tested against an independent writer). A request that does not carry the parameter (or carries an
 acceptable value) is answered normally, so a proxy that learned the fix gets a clean answer.
 

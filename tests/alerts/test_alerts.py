@@ -24,12 +24,11 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from alerts import webhook
 from alerts.models import AlertDelivery, AlertWebhook
-from alerts.services import alert_test, alerts_evaluate
-from alerts.tasks import alert_deliver_task
+from alerts.tasks import alert_deliver_task, alert_test, alerts_evaluate
 from alerts.ticker import tick
 from audit.models import Finding, ProxyRequest
+from infra import webhook
 from tests.conftest import TenantWorld
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,7 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from audit.models import Attempt, Finding, Fragment, Report
-from audit.report_services import report_build, report_request
+from audit.report_services import report_build
+from audit.tasks import report_request
 from tests.audit.conftest import PERIOD, AuditRows
 
 Login = Callable[[User], Client]

@@ -159,7 +159,7 @@ def test_broker_only_models_show_when_a_broker_is_configured(audit_rows: AuditRo
 def test_report_pages_refresh_themselves_while_a_report_builds(audit_rows: AuditRows, viewer_a: User,
                                                                login: Login) -> None:
     """A running report makes the list and its page reload every few seconds; once done, no reload."""
-    from audit.report_services import report_request
+    from audit.tasks import report_request
     from tests.audit.conftest import PERIOD
 
     report = report_request(since=PERIOD[0], until=PERIOD[1], format="json", tenants=[audit_rows.upstream_a.tenant],

@@ -11,7 +11,7 @@ import pytest
 
 import audit.tasks
 from audit.models import Report
-from audit.report_services import report_request
+from audit.tasks import report_request
 from tests.audit.conftest import PERIOD, AuditRows, wait_for_report
 from tests.audit.expected import expected_figures, without_generated_at
 

@@ -23,16 +23,16 @@ from django.db import connections
 from django.db.utils import OperationalError
 from django.test import Client
 
-from alerts import webhook
 from audit import journal_writer
-from audit import services as audit
+from audit import records as audit
 from config.asgi import application
-from proxy.dialect import OPENAI_CHAT
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.request import prepare
-from proxy.relay import Relay, RelayCall, drain_background
-from proxy.response import ClientResponse
-from proxy.upstream import UpstreamClient
+from infra import webhook
+from proxy.edge.protocols import OPENAI_CHAT
+from proxy.edge.response import ClientResponse
+from proxy.guard.checks.request import prepare
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.relay.loop import Relay, RelayCall, drain_background
+from proxy.upstreams.client import UpstreamClient
 from tenants.auth import principal_for_key
 from tests.conftest import TenantWorld
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from audit import services
+from audit import records, services
 from audit.journal import Journal, read_lines
 from audit.models import Attempt, Finding, Fragment, ProxyRequest
 from proxy.guard.findings import Action, FindingKind, Severity
@@ -27,13 +27,13 @@ _COMPARED = ("tenant_id", "api_key_id", "upstream_id", "model", "path", "outcome
              "total_ms", "prompt_tokens", "completion_tokens", "wasted_completion_tokens", "wasted_ms", "error")
 
 
-def _records(world: TenantWorld, **request: Any) -> tuple[services.RequestRecord, services.RequestResult,
-                                                          services.AttemptRecord]:
-    record = services.RequestRecord(id=uuid.uuid4(), tenant_id=world.tenant.pk, api_key_id=world.api_key.pk,
+def _records(world: TenantWorld, **request: Any) -> tuple[records.RequestRecord, records.RequestResult,
+                                                          records.AttemptRecord]:
+    record = records.RequestRecord(id=uuid.uuid4(), tenant_id=world.tenant.pk, api_key_id=world.api_key.pk,
                                     model="m", path="pass-through", upstream_id=world.upstream.pk, **request)
-    result = services.RequestResult(outcome="clean", status=200, attempts=1, ttft_ms=3.5, total_ms=40.0,
+    result = records.RequestResult(outcome="clean", status=200, attempts=1, ttft_ms=3.5, total_ms=40.0,
                                     prompt_tokens=7, completion_tokens=11, error="")
-    attempt = services.AttemptRecord(number=0, upstream_id=world.upstream.pk, upstream_model="m", outcome="clean",
+    attempt = records.AttemptRecord(number=0, upstream_id=world.upstream.pk, upstream_model="m", outcome="clean",
                                      upstream_status=200, completion_tokens=11)
     return record, result, attempt
 
@@ -43,7 +43,7 @@ class Captured:
 
     def __init__(self, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.journal = Journal(tmp, max_bytes=1 << 30)
-        monkeypatch.setattr(services, "_journal_append", self.journal.append)
+        monkeypatch.setattr(records, "_journal_append", self.journal.append)
 
     def read(self) -> services.Batch:
         return services.Batch.of(line.record for line in read_lines(self.journal.path, 0))
@@ -66,9 +66,9 @@ def test_it_writes_a_request_the_same_in_one_batch_or_across_batches(world_a: Te
     three batches (a pending row, then its attempt, then the update) end in the same row."""
     for _ in range(2):
         record, result, attempt = _records(world_a)
-        services.request_started(request=record)
-        services.attempt_finished(request=record, attempt=attempt)
-        services.request_finished(request=record, result=result)
+        records.request_started(request=record)
+        records.attempt_finished(request=record, attempt=attempt)
+        records.request_finished(request=record, result=result)
     lines = [line.record for line in read_lines(captured.journal.path, 0)]
     one, spread = lines[0]["id"], lines[3]["id"]
     with django_assert_num_queries(5):  # SAVEPOINT, SELECT requests, INSERT, INSERT attempt, RELEASE (a new
@@ -87,13 +87,13 @@ def test_it_never_duplicates_a_row_when_a_batch_is_replayed(world_a: TenantWorld
     record, result, attempt = _records(world_a, fragments=FragmentStorage.ATTEMPT)
     finding = GuardFinding(FindingKind.ARGUMENTS_NOT_JSON, Severity.ERROR, Action.RETRY, "broken", 0, 0, 3, 120,
                            "data: {", tool="get_weather")
-    services.request_started(request=record)
-    services.attempt_finished(request=record, attempt=services.AttemptRecord(
+    records.request_started(request=record)
+    records.attempt_finished(request=record, attempt=records.AttemptRecord(
         number=0, upstream_id=world_a.upstream.pk, upstream_model="m", outcome="retry", findings=[finding],
         body=b"data: {\n\n"))
-    services.attempt_finished(request=record, attempt=services.AttemptRecord(
+    records.attempt_finished(request=record, attempt=records.AttemptRecord(
         number=1, upstream_id=world_a.upstream.pk, upstream_model="m", outcome="clean"))
-    services.request_finished(request=record, result=result)
+    records.request_finished(request=record, result=result)
     batch = captured.read()
     for _ in range(2):
         services.journal_batch_write(batch)
@@ -110,11 +110,11 @@ def test_it_stores_any_bytes_the_upstream_sent(world_a: TenantWorld, captured: C
     record, result, _ = _records(world_a, fragments=FragmentStorage.ATTEMPT)
     nasty = "a\x00b\udc80c"
     finding = GuardFinding(FindingKind.UNPARSEABLE_DATA_FRAME, Severity.ERROR, Action.RETRY, nasty, fragment=nasty)
-    services.request_started(request=record)
-    services.attempt_finished(request=record, attempt=services.AttemptRecord(
+    records.request_started(request=record)
+    records.attempt_finished(request=record, attempt=records.AttemptRecord(
         number=0, upstream_id=world_a.upstream.pk, upstream_model="m", outcome="retry", abort_reason=nasty,
         findings=[finding], body=b"x\x00y\xff"))
-    services.request_finished(request=record, result=services.RequestResult(
+    records.request_finished(request=record, result=records.RequestResult(
         outcome="exhausted", status=200, attempts=1, error=nasty))
     services.journal_batch_write(captured.read())
     row = ProxyRequest.objects.get(id=record.id)
@@ -128,8 +128,8 @@ def test_it_marks_requests_that_never_ended_interrupted(world_a: TenantWorld) ->
     open_, _, _ = _records(world_a)
     done, result, _ = _records(world_a)
     services.journal_batch_write(services.Batch.of([
-        {"t": "start", "id": str(open_.id), "req": services._request_json(open_)},
-        {"t": "finish", "id": str(done.id), "req": services._request_json(done), "res": {"outcome": "clean",
+        {"t": "start", "id": str(open_.id), "req": records._request_json(open_)},
+        {"t": "finish", "id": str(done.id), "req": records._request_json(done), "res": {"outcome": "clean",
                                                                                       "status": 200}},
     ]))
     assert services.requests_interrupt(ids=[str(open_.id), str(done.id)]) == 1
@@ -143,8 +143,8 @@ def test_it_writes_the_findings_decided_at_a_requests_end_once(world_a: TenantWo
     loop = GuardFinding(FindingKind.AGENT_LOOP, Severity.WARNING, Action.IGNORED, "repeat: read_file 4th time")
     for _ in range(2):
         record, result, attempt = _records(world_a)
-        services.request_started(request=record)
-        services.request_finished(request=record, result=dataclasses.replace(result, findings=(loop,)))
+        records.request_started(request=record)
+        records.request_finished(request=record, result=dataclasses.replace(result, findings=(loop,)))
     lines = [line.record for line in read_lines(captured.journal.path, 0)]
     together, spread = lines[0]["id"], lines[2]["id"]
     services.journal_batch_write(services.Batch.of(lines[:2]))

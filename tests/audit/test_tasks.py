@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from audit.models import Report
-from audit.report_services import report_enqueue, report_request
 from audit.schema import SUMMARY_SCHEMA
+from audit.tasks import report_enqueue, report_request
 from tests.audit.conftest import PERIOD, AuditRows, Worker, wait_for_report
 from tests.audit.expected import expected_figures, without_generated_at
 

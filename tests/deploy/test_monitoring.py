@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from prometheus_client import REGISTRY
 
-import proxy.metrics  # noqa: F401 - registers the metrics
+import infra.metrics  # noqa: F401 - registers the metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"

@@ -1,4 +1,4 @@
-"""An upstream pointed back at toolrelay itself ends at the first inner request (``proxy.hops``).
+"""An upstream pointed back at toolrelay itself ends at the first inner request (``proxy.upstreams.hops``).
 
 Found in review: a tenant admin set the upstream's base URL to toolrelay's own and its credential to a
 toolrelay key; one client request became 1,085 requests in 4 s. Now every upstream call carries

@@ -18,7 +18,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.guard.loops import STUCK_PREFIX
+from proxy.guard.decisions.loops import STUCK_PREFIX
 from tests.e2e.conftest import running_proxy
 from tests.e2e.test_limits import private_redis  # noqa: F401 - a fixture
 

@@ -159,7 +159,7 @@ def test_reasoning_text_and_calls_in_one_chunk_become_ordered_blocks(shape_tenan
     """Each kind of delta in its own block, one block at a time, calls last, usage in ``message_delta``.
 
     (Within one delta the guard releases ``content`` before ``reasoning_content``
-    (``proxy.guard.accumulate._TEXT_KEYS``), so "Reading" opens a text block before "read both."
+    (``proxy.guard.stream.accumulate._TEXT_KEYS``), so "Reading" opens a text block before "read both."
     goes on as thinking; the emitter renders that order faithfully. The assertions here hold for
     either order.)"""
     tenant = shape_tenant()

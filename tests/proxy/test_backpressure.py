@@ -17,16 +17,16 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from proxy.dialect import OPENAI_CHAT
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.request import prepare
-from proxy.relay import Relay, RelayCall, drain_background
-from proxy.response import ClientResponse
-from proxy.server.backpressure import Backpressure
-from proxy.server.compat import UnsupportedServer, check_supported, parse_version
-from proxy.server.listen import endpoint_strings
-from proxy.server.protocol import too_large_response
-from proxy.upstream import UpstreamClient
+from proxy.edge.protocols import OPENAI_CHAT
+from proxy.edge.response import ClientResponse
+from proxy.edge.server.backpressure import Backpressure
+from proxy.edge.server.compat import UnsupportedServer, check_supported, parse_version
+from proxy.edge.server.listen import endpoint_strings
+from proxy.edge.server.protocol import too_large_response
+from proxy.guard.checks.request import prepare
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.relay.loop import Relay, RelayCall, drain_background
+from proxy.upstreams.client import UpstreamClient
 from tenants.auth import principal_for_key
 from tenants.services import provision
 

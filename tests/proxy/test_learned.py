@@ -21,14 +21,15 @@ from django.utils import timezone
 
 from audit.models import Attempt, Finding, ProxyRequest
 from audit.services import Batch, journal_batch_write
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.request import prepare
-from proxy.learned import LearnedFact, LearnedLimits, RedisShare
-from proxy.refusals import Fix
-from proxy.relay import RelayCall
-from proxy.upstream import UpstreamClient
+from proxy.guard.checks.request import prepare
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.relay.loop import RelayCall
+from proxy.upstreams.client import UpstreamClient
+from proxy.upstreams.learned import LearnedLimits, RedisShare
+from proxy.upstreams.refusals import Fix
 from tenants import last_good
 from tenants.auth import principal_for_key
+from tenants.learned import LearnedFact
 from tenants.models import UpstreamLearnedLimit
 from tenants.services import provision
 from tests.proxy.test_relay import CALL, DONE, FINISH_CALLS, TEXT, TOOLS, run
@@ -297,6 +298,6 @@ async def test_a_sibling_client_follows_what_another_learned_through_redis(make_
     await client_b.aclose()
     # With REDIS_URL the relay's shared state (limits, retry budget, loop breaker) opened a Redis client on
     # this test's event loop too: close it here, while the loop runs.
-    from proxy.limits.state import get_state
+    from infra.shared_state import get_state
 
     await get_state().close()

@@ -1,4 +1,4 @@
-"""Admission of requests by their key's and tenant's limits (``proxy.limits.enforce``), in process memory."""
+"""Admission of requests by their key's and tenant's limits (``proxy.policy.limits``), in process memory."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from proxy.limits.config import Limits
-from proxy.limits.enforce import LimitExceeded, admit, rate_headers
-from proxy.limits.state import MemoryState, Window, WindowUsage
+from infra.shared_state import MemoryState, Window, WindowUsage
+from proxy.policy.limits import LimitExceeded, admit, rate_headers
+from tenants.limits import Limits
 
 NOW = 1_800_000_000.0 - (1_800_000_000.0 % 86400)  # a UTC midnight
 

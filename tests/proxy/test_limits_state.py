@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.limits.state import Lease, MemoryState, RedisState, SharedState, Window
+from infra.shared_state import Lease, MemoryState, RedisState, SharedState, Window
 
 REDIS_URL = "redis://127.0.0.1:6379/3"  # a DB of its own; keys under a prefix unique per test
 
@@ -218,7 +218,7 @@ def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
 
 
 def _fail_open_count(op: str) -> float:
-    from proxy.metrics import LIMITS_FAIL_OPEN
+    from infra.metrics import LIMITS_FAIL_OPEN
 
     return LIMITS_FAIL_OPEN.labels(op=op)._value.get()  # type: ignore[no-any-return]
 

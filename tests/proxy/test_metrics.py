@@ -1,4 +1,4 @@
-"""``proxy.metrics``: the label set (tenant, route, upstream names; bounded), the helpers the relay
+"""``infra.metrics``: the label set (tenant, route, upstream names; bounded), the helpers the relay
 calls, and the older call shapes that keep working until it does."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
-from proxy import metrics
+from infra import metrics
 
 
 def _value(name: str, **labels: str) -> float:

@@ -1,4 +1,4 @@
-"""``proxy.not_found``: the path a misconfigured client meant, and the protocol of its 404."""
+"""``proxy.edge.not_found``: the path a misconfigured client meant, and the protocol of its 404."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.not_found import SERVED, message, nearest, speaks_anthropic
+from proxy.edge.not_found import SERVED, message, nearest, speaks_anthropic
 
 
 @pytest.mark.parametrize(("path", "meant"), [

@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from config.env import envnetworks
-from proxy.outbound import (
+from infra.outbound import (
     OutboundPolicy,
     OutboundRefused,
     allowed_addresses,
@@ -38,7 +38,7 @@ from proxy.outbound import (
     parse_networks,
     safe_url,
 )
-from proxy.outbound_http import OutboundTransport, SyncOutboundTransport, outbound_client, sync_outbound_client
+from infra.outbound_http import OutboundTransport, SyncOutboundTransport, outbound_client, sync_outbound_client
 
 #: The forms the security review tried (12 of 15 were accepted, 8 connected), plus the numeric
 #: spellings and the IPv6 metadata address.

@@ -1,4 +1,4 @@
-"""``proxy.refusals``: the real error texts of each upstream family (``tests/corpus/refusals.json``, each
+"""``proxy.upstreams.refusals``: the real error texts of each upstream family (``tests/corpus/refusals.json``, each
 with its public source) become the fixes that change the sent body; anything else becomes nothing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.refusals import Fix, apply, classify, tool_choice_class
+from proxy.upstreams.refusals import Fix, apply, classify, tool_choice_class
 
 CASES = json.loads((Path(__file__).resolve().parents[1] / "corpus" / "refusals.json").read_text())
 FAMILIES = {"deepseek", "vllm", "sglang", "llamacpp", "ollama", "dashscope", "moonshot", "zhipu", "groq", "openrouter"}

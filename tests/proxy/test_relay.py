@@ -20,12 +20,12 @@ from django.db import connections
 
 from audit.journal_writer import drained
 from audit.models import ProxyRequest
-from proxy.dialect import OPENAI_CHAT
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.request import prepare
-from proxy.relay import Relay, RelayCall, drain_background
-from proxy.response import ClientResponse
-from proxy.upstream import UpstreamClient
+from proxy.edge.protocols import OPENAI_CHAT
+from proxy.edge.response import ClientResponse
+from proxy.guard.checks.request import prepare
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.relay.loop import Relay, RelayCall, drain_background
+from proxy.upstreams.client import UpstreamClient
 from tenants.auth import principal_for_key
 from tenants.services import provision
 

@@ -17,9 +17,9 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from audit.models import Attempt, ProxyRequest
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.guard.request import prepare
-from proxy.relay import RelayCall
+from proxy.guard.checks.request import prepare
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.relay.loop import RelayCall
 from tenants.auth import principal_for_key
 from tenants.services import provision
 from tests.proxy.test_relay import (  # noqa: F401 - _close_thread_connections is an autouse fixture

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from proxy.dialect import ANTHROPIC_MESSAGES, OPENAI_CHAT
-from proxy.guard.emit_openai import OpenAIChatEmitter
-from proxy.response import ClientResponse, Phase, ResponseStateError
+from proxy.edge.protocols import ANTHROPIC_MESSAGES, OPENAI_CHAT
+from proxy.edge.response import ClientResponse, Phase, ResponseStateError
+from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
 
 
 class Sent(list[dict[str, Any]]):
@@ -26,8 +26,8 @@ class Sent(list[dict[str, Any]]):
 
 
 def make(sent: Sent, *, anthropic: bool = False) -> ClientResponse:
-    dialect = ANTHROPIC_MESSAGES if anthropic else OPENAI_CHAT
-    response = ClientResponse(sent, error_body=dialect.error_body)
+    protocol = ANTHROPIC_MESSAGES if anthropic else OPENAI_CHAT
+    response = ClientResponse(sent, error_body=protocol.error_body)
     response.emitter = OpenAIChatEmitter(model="m", include_usage=False)
     return response
 
@@ -69,7 +69,7 @@ async def test_it_refuses_out_of_order_writes(wrong: str) -> None:
 
 
 async def test_it_answers_errors_in_the_clients_protocol_before_the_commit() -> None:
-    """Before the commit an error is an HTTP status with the dialect's body, the request id in the message
+    """Before the commit an error is an HTTP status with the protocol's body, the request id in the message
     and ``x-should-retry: false``."""
     sent = Sent()
     r = make(sent, anthropic=True)

@@ -11,10 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from audit.models import Finding, ProxyRequest
-from proxy.background import drain_background
-from proxy.guard.loops import STUCK_PREFIX
-from proxy.limits.state import MemoryState, RedisState, reset_state
-from proxy.retry_budget import count_request, take_retry
+from infra.background import drain_background
+from infra.shared_state import MemoryState, RedisState, reset_state
+from proxy.guard.decisions.loops import STUCK_PREFIX
+from proxy.policy.retry_budget import count_request, take_retry
 from tests.proxy.test_relay import (  # noqa: F401 - the fixtures
     BROKEN,
     TEXT,

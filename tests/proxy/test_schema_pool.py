@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from proxy import schema_pool
-from proxy.guard.attempt import AttemptGuard
+from proxy.guard.checks.request import RequestInvalid, prepare
+from proxy.guard.checks.schema_bounds import SchemaBounds
+from proxy.guard.checks.validate import DEFAULT_CACHE_BYTES, Offloaded, _schema_key, cached_schema, configure_cache
+from proxy.guard.decisions.attempt import AttemptGuard
 from proxy.guard.events import Done, Pending
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy
-from proxy.guard.request import RequestInvalid, prepare
-from proxy.guard.schema_bounds import SchemaBounds
-from proxy.guard.validate import DEFAULT_CACHE_BYTES, Offloaded, _schema_key, cached_schema, configure_cache
+from proxy.relay import schema_pool
 from tests.proxy.guard.test_schema_bounds import body, hostile, sse
 
 #: Every branch of every level fails: validation explores all 2^15 paths (seconds, issue 15).

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from proxy.scrub import REDACTED, redact, redact_bytes
+from infra.scrub import REDACTED, redact, redact_bytes
 
 SECRET = "sk-A/B+c9=Zz_secret"
 HEADER = "hdr-org-value-5c2e"

@@ -1,5 +1,5 @@
 """The simulator's ``refuse=`` upstream families against the proxy's reading of them: every family's
-refusal is understood (``proxy.refusals``), and the fixed body is one the simulator accepts. The two
+refusal is understood (``proxy.upstreams.refusals``), and the fixed body is one the simulator accepts. The two
 modules share no code, so each checks the other."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.refusals import apply, classify
 from proxy.simulator import refusals as sim
 from proxy.simulator import start_in_thread
+from proxy.upstreams.refusals import apply, classify
 
 BODY: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": 32000, "tool_choice": "required",
                         "stream_options": {"include_usage": True}, "parallel_tool_calls": True,

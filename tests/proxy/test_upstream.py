@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from proxy.upstream import UpstreamResponse, UpstreamTimeout
+from proxy.upstreams.client import UpstreamResponse, UpstreamTimeout
 
 
 def _response(pauses: list[float], idle: float) -> UpstreamResponse:

@@ -1,4 +1,4 @@
-"""``proxy.upstream_models``: the default upstream's own model ids, cached per upstream, degraded to
+"""``proxy.upstreams.listing``: the default upstream's own model ids, cached per upstream, degraded to
 nothing when the upstream cannot say, one fetch shared by concurrent askers (MockTransport at the
 HTTP seam; the real policy transport is the default and is tested in test_outbound.py)."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.upstream_models import MAX_ID, UpstreamModels, model_ids
+from proxy.upstreams.listing import MAX_ID, UpstreamModels, model_ids
 from tenants import crypto
-from tenants.auth import UpstreamTarget
+from tenants.principal import UpstreamTarget
 
 TARGET = UpstreamTarget(upstream_id=1, name="u", base_url="http://upstream.test/v1", model="",
                         credential_encrypted="", extra_headers_encrypted="", connect_timeout=1,

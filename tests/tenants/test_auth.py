@@ -11,8 +11,9 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
-from proxy.background import drain_background
-from tenants.auth import KeyRefused, api_key_authenticate, authorize, key_cache, principal_for_key
+from infra.background import drain_background
+from tenants.auth import KeyRefused, api_key_authenticate, authorize, principal_for_key
+from tenants.key_cache import key_cache
 from tenants.models import ModelRoute, Tenant
 from tenants.services import api_key_create, api_key_revoke
 from tests.conftest import TenantWorld

@@ -13,10 +13,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
 
-from proxy.limits.config import Limits
-from proxy.limits.state import MemoryState, reset_state
+from infra.shared_state import MemoryState, reset_state
 from tenants import last_good, revocation
-from tenants.auth import KeyRefused, authorize, key_cache, principal_for_key
+from tenants.auth import KeyRefused, authorize, principal_for_key
+from tenants.key_cache import key_cache
+from tenants.limits import Limits
 from tenants.models import ApiKey
 from tenants.services import api_key_create, api_key_revoke, limits_set
 from tests.conftest import TenantWorld

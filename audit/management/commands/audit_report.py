@@ -13,8 +13,7 @@ from django.db.models.fields.files import FieldFile
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.models import Report
-from audit.report_services import report_request
-from audit.tasks import report_build_task
+from audit.tasks import report_build_task, report_request
 from tenants.models import Tenant, Upstream
 
 

@@ -3,7 +3,7 @@
 ``registry.DIALECTS`` is the table (docs/dialects.md mirrors it); ``matcher.find`` is the one
 combined opener scan; ``block.Block`` finds where a block ends; ``segment.WholeSegment`` handles
 families without markers; ``suspect.suspicious`` flags call-like text no family recognised.
-``proxy.guard.markup.MarkupScanner`` drives them over a stream.
+``proxy.guard.stream.markup.MarkupScanner`` drives them over a stream.
 """
 
 from __future__ import annotations

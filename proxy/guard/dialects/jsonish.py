@@ -22,27 +22,7 @@ from proxy.guard.dialects.base import (
     calls_from_values,
     json_values,
     make_call,
-    unfence,
 )
-
-
-def hermes(body: str, ctx: Ctx) -> Parsed:
-    """``<tool_call>`` bodies: JSON (Hermes), ``<function=…>`` (Qwen3-Coder), GLM / Hunyuan key-value.
-
-    The wrapper is shared by several templates, so the body's shape picks the reader.
-    """
-    from proxy.guard.dialects import xmlish
-
-    text = unfence(body.strip())
-    if text.startswith("<function=") or text.startswith("<function "):
-        return Parsed("qwen3_coder", xmlish.function_tags(text, ctx))
-    if text.startswith("<invoke"):
-        return Parsed("minimax", xmlish.invokes(text, ctx))
-    if text[:1] in "{[":
-        values = json_values(text)
-        family = "granite" if len(values) == 1 and isinstance(values[0], list) else "hermes"
-        return Parsed(family, calls_from_values(values))
-    return xmlish.key_value_call(text, ctx)
 
 
 def apertus(body: str, ctx: Ctx) -> Parsed:

@@ -135,7 +135,7 @@ _BARS = ("|", "||")
 _HERMES_ALT = ("tools", "tool", "response", "json", "JSON", "xml")
 
 DIALECTS: tuple[Dialect, ...] = (
-    Dialect("hermes", ("<tool_call>",), jsonish.hermes, closers=("</tool_call>",), plausible=_tool_call_body),
+    Dialect("hermes", ("<tool_call>",), xmlish.hermes, closers=("</tool_call>",), plausible=_tool_call_body),
     Dialect("jamba", ("<tool_calls>",), xmlish.tool_calls_section, closers=("</tool_calls>",),
             plausible=lambda b, c: starts_any(b, ("[", "{", "<tool_call>"))),
     Dialect("deepseek_v3", ("<|tool_calls_begin|>",), tokens.special, closers=("<|tool_calls_end|>",), fuzzy=True),
@@ -195,6 +195,6 @@ DIALECTS: tuple[Dialect, ...] = (
     Dialect("cohere_command_r", ("Action",), jsonish.cohere_r, closers=("\n```",), strong=False, word=True,
             anchor=":", plausible=lambda b, c: starts_any(b, (": ```json", ":```json"))),
     Dialect("qwen_agent", ("✿FUNCTION✿",), jsonish.qwen_agent, value_end=True, value_start=_QWEN_AGENT_START),
-    *(Dialect("hermes", (f"<{tag}>",), jsonish.hermes, closers=(f"</{tag}>",), strong=False,
+    *(Dialect("hermes", (f"<{tag}>",), xmlish.hermes, closers=(f"</{tag}>",), strong=False,
               plausible=_json_call_start) for tag in _HERMES_ALT),
 )

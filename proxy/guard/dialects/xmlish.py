@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from proxy.guard.dialects.base import Ctx, MarkupError, Parsed, make_call, unfence
+from proxy.guard.dialects.base import Ctx, MarkupError, Parsed, calls_from_values, json_values, make_call, unfence
 from proxy.guard.dialects.values import coerce
 
 _FUNC = re.compile(r"<function\s*=\s*([^>\n{]+?)\s*>?(?=[\s<{])|<function\s+name\s*=\s*[\"']([^\"']+)[\"'][^>]*>",
@@ -103,7 +103,6 @@ def minimax(body: str, ctx: Ctx) -> Parsed:
     """MiniMax-M2 ``<minimax:tool_call>`` bodies (C31), and MiniMax-M1's JSON-line bodies."""
     text = body.strip()
     if text[:1] == "{":
-        from proxy.guard.dialects.base import calls_from_values, json_values
 
         return Parsed("minimax_m1", calls_from_values(json_values(text)))
     return Parsed("minimax", invokes(text, ctx))
@@ -127,8 +126,6 @@ def key_value_call(text: str, ctx: Ctx) -> Parsed:
 def tool_calls_section(body: str, ctx: Ctx) -> Parsed:
     """``<tool_calls>`` bodies: a JSON array (Jamba, Hunyuan-A13B, Apriel), JSON lines (MiniMax-M1),
     or ``<tool_call>`` elements (Hunyuan V3 / V4)."""
-    from proxy.guard.dialects.jsonish import hermes
-
     text = body.strip()
     if text.startswith("<tool_call>"):
         calls = []
@@ -138,7 +135,6 @@ def tool_calls_section(body: str, ctx: Ctx) -> Parsed:
             family = parsed.family
             calls.extend(parsed.calls)
         return Parsed("hunyuan" if family == "glm4_moe" else family, calls)
-    from proxy.guard.dialects.base import calls_from_values, json_values
 
     values = json_values(text)
     family = "jamba" if len(values) == 1 and isinstance(values[0], list) else "minimax_m1"
@@ -200,3 +196,20 @@ def kimi_k3(body: str, ctx: Ctx) -> Parsed:
     if not calls:
         raise MarkupError("no Kimi K3 call")
     return Parsed("kimi_k3", calls)
+
+
+def hermes(body: str, ctx: Ctx) -> Parsed:
+    """``<tool_call>`` bodies: JSON (Hermes), ``<function=…>`` (Qwen3-Coder), GLM / Hunyuan key-value.
+
+    The wrapper is shared by several templates, so the body's shape picks the reader.
+    """
+    text = unfence(body.strip())
+    if text.startswith("<function=") or text.startswith("<function "):
+        return Parsed("qwen3_coder", function_tags(text, ctx))
+    if text.startswith("<invoke"):
+        return Parsed("minimax", invokes(text, ctx))
+    if text[:1] in "{[":
+        values = json_values(text)
+        family = "granite" if len(values) == 1 and isinstance(values[0], list) else "hermes"
+        return Parsed(family, calls_from_values(values))
+    return key_value_call(text, ctx)

@@ -1,6 +1,6 @@
 """``manage.py serve --host H --port P [--fd N]``: toolrelay under its own Daphne launcher.
 
-Daphne plus what has to live below ASGI (``proxy.server``): the request body limit checked as the
+Daphne plus what has to live below ASGI (``proxy.edge.server``): the request body limit checked as the
 body arrives (``MAX_REQUEST_BYTES``), backpressure from the client's socket to the relay, the
 listen backlog (``LISTEN_BACKLOG``) and the request-header deadline (``HEADER_TIMEOUT_SECONDS``).
 Plain ``daphne config.asgi:application`` still works, without them (docs/deployment.md).
@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 if TYPE_CHECKING:
-    from proxy.server.protocol import Limits
+    from proxy.edge.server.protocol import Limits
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -34,13 +34,13 @@ class Command(BaseCommand):
         parser.add_argument("--no-access-log", action="store_true", help="no access log line per request on stdout")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from proxy.server.compat import UnsupportedServer, check_supported
+        from proxy.edge.server.compat import UnsupportedServer, check_supported
 
         try:
             check_supported()
         except UnsupportedServer as exc:
             raise CommandError(str(exc)) from None
-        from proxy.server.launcher import serve  # installs Twisted's asyncio reactor
+        from proxy.edge.server.launcher import serve  # installs Twisted's asyncio reactor
 
         host, port, fd = options["host"], options["port"], options["fd"]
         if port is None and fd is None:
@@ -77,7 +77,7 @@ class Command(BaseCommand):
 
 def _limits() -> tuple[Limits, int]:
     """The launcher's ``Limits`` and the backlog from settings; ``CommandError`` on values out of range."""
-    from proxy.server.protocol import Limits
+    from proxy.edge.server.protocol import Limits
 
     if settings.MAX_REQUEST_BYTES < 1:
         raise CommandError(f"MAX_REQUEST_BYTES={settings.MAX_REQUEST_BYTES} must be at least 1")

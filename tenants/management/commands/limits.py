@@ -14,7 +14,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from proxy.limits.config import LIMIT_NAMES, Limits
+from tenants.limits import LIMIT_NAMES, Limits
 from tenants.management.commands._common import tenant_named
 from tenants.management.commands.apikey import find_key
 from tenants.models import API_KEY_PREFIX, Tenant

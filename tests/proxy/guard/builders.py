@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.guard.attempt import AttemptGuard
+from proxy.guard.decisions.attempt import AttemptGuard
 from proxy.guard.events import Done, Event, TextDelta
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from proxy.guard.attempt import decide_completion
+from proxy.guard.decisions.attempt import decide_completion
 from proxy.guard.events import Abort, Done, ToolCallValid
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.policy import GuardPolicy
@@ -450,7 +450,7 @@ def test_it_checks_tool_choice_with_a_named_tool() -> None:
 
 def test_it_never_raises_and_reports_internal_errors_as_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A guard bug becomes a GUARD_INTERNAL_ERROR retry, not an exception."""
-    from proxy.guard import accumulate
+    from proxy.guard.stream import accumulate
 
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("bug")

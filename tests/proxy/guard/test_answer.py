@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.guard.answer import Answer, AnswerKind, RequestOutcome, answer_for, model_failure
+from proxy.guard.decisions.answer import Answer, AnswerKind, RequestOutcome, answer_for, model_failure
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import Exhaustion, GuardPolicy
 from proxy.guard.turn import Decision, Outcome, UpstreamError

@@ -18,8 +18,8 @@ from anthropic.lib.streaming._messages import accumulate_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.anthropic_blocks import ContentBlocks, thinking_signature
-from proxy.guard.emit_anthropic import AnthropicMessagesEmitter, stop_reason
+from proxy.guard.protocols.anthropic_blocks import ContentBlocks, thinking_signature
+from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter, stop_reason
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 from tests.protocol_grammar import anthropic_content
 from tests.proxy.guard.test_emit_anthropic import events, final_message

@@ -1,4 +1,4 @@
-"""Argument assembly by the schema (issue 12, item 2; ``proxy.guard.assemble``).
+"""Argument assembly by the schema (issue 12, item 2; ``proxy.guard.stream.assemble``).
 
 Property tests build the assembly variants a real stream can mean from random valid arguments of
 random schemas and check that the unique valid reading wins (and plain concatenation costs nothing:
@@ -13,9 +13,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard import assemble as asm
-from proxy.guard.attempt import guard_body
+from proxy.guard.decisions.attempt import guard_body
 from proxy.guard.findings import Action, FindingKind
+from proxy.guard.stream import assemble as asm
 from proxy.guard.turn import Decision, Outcome, RequestSpec, ToolSpec
 
 from .builders import MISSING, POLICY, TOOLS, call, choice, chunk, finish, kinds, sse, tools

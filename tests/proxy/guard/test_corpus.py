@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from proxy.guard.attempt import AttemptGuard
-from proxy.guard.errors import http_error_decision
+from proxy.guard.decisions.attempt import AttemptGuard
 from proxy.guard.events import Done, TextDelta
 from proxy.guard.policy import GuardPolicy
+from proxy.guard.stream.errors import http_error_decision
 from proxy.guard.turn import Decision, Outcome, RequestSpec
 
 CASES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "fault-cases"

@@ -5,8 +5,8 @@ Sans-IO: no server, no event loop, no database.
 
 from __future__ import annotations
 
-from proxy.guard.attempt import AttemptGuard
-from proxy.guard.delivery import Delivery
+from proxy.guard.decisions.attempt import AttemptGuard
+from proxy.guard.decisions.delivery import Delivery
 from proxy.guard.events import Done, TextDelta
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, ToolSpec, Turn

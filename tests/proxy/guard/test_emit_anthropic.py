@@ -18,14 +18,14 @@ from anthropic._streaming import SSEDecoder  # the SDK's decoder (private, but t
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message
 
-from proxy.guard.emit_anthropic import (
+from proxy.guard.protocols.emit_anthropic import (
     ARGUMENT_SLICE,
     AnthropicMessagesEmitter,
     error_type,
     is_own_signature,
     thinking_signature,
 )
-from proxy.guard.translate_anthropic import translate_messages
+from proxy.guard.protocols.translate_anthropic import translate_messages
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
 USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150,

@@ -17,8 +17,8 @@ from openai._streaming import SSEDecoder  # the SDK's decoder (private, but the 
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from proxy.guard.emit_openai import ARGUMENT_SLICE, OpenAIChatEmitter
 from proxy.guard.events import Channel
+from proxy.guard.protocols.emit_openai import ARGUMENT_SLICE, OpenAIChatEmitter
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
 USAGE = {"prompt_tokens": 76, "completion_tokens": 24, "total_tokens": 100,

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from openai._streaming import SSEDecoder  # the SDK's decoder (private, but the one clients run)
 from openai.types.responses import Response, ResponseStreamEvent
 
-from proxy.guard.emit_responses import ARGUMENT_SLICE, OpenAIResponsesEmitter
 from proxy.guard.events import Channel
-from proxy.guard.translate_responses import translate_responses
+from proxy.guard.protocols.emit_responses import ARGUMENT_SLICE, OpenAIResponsesEmitter
+from proxy.guard.protocols.translate_responses import translate_responses
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 
 #: Event type -> its openai-python model (the union is not discriminated for pydantic, so errors

@@ -1,4 +1,4 @@
-"""Envelope tolerance by principle (issue 12, item 3; the rule is in ``proxy.guard.accumulate``'s docstring).
+"""Envelope tolerance by principle (issue 12, item 3; the rule is in ``proxy.guard.stream.accumulate``'s docstring).
 
 Each case says the same thing as a canonical stream in another way and must come out as the canonical
 turn with a finding -- or cannot be normalised without a guess and is retried.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.guard.attempt import guard_body
+from proxy.guard.decisions.attempt import guard_body
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.turn import Decision, Outcome
 

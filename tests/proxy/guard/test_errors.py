@@ -1,4 +1,4 @@
-"""Upstream error classification (``proxy.guard.errors``): in-band objects and HTTP answers."""
+"""Upstream error classification (``proxy.guard.stream.errors``): in-band objects and HTTP answers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.guard.errors import classify_inband_error, http_error_decision, retry_after_seconds
 from proxy.guard.findings import Action, FindingKind, Severity
+from proxy.guard.stream.errors import classify_inband_error, http_error_decision, retry_after_seconds
 from proxy.guard.turn import Outcome
 
 

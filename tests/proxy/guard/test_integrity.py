@@ -1,5 +1,5 @@
 """Never a silently changed call (issue 12, item 5): bytes the protocol does not allow are findings, and
-where they touch a tool call the attempt is retried (``proxy.guard.integrity``, the SSE decoder's bounds).
+where they touch a tool call the attempt is retried (``proxy.guard.stream.integrity``, the SSE decoder's bounds).
 
 The fuzz test at the end mutates clean streams of random calls the ways a real fuzzer found them
 broken (non-UTF-8 bytes, corrupted keys, lone surrogates, wild choice indexes, any network split) and
@@ -17,10 +17,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.attempt import AttemptGuard, decide_completion, guard_body
+from proxy.guard.decisions.attempt import AttemptGuard, decide_completion, guard_body
 from proxy.guard.events import Done
 from proxy.guard.findings import Action, FindingKind
-from proxy.guard.integrity import _one_edit
+from proxy.guard.stream.integrity import _one_edit
 from proxy.guard.turn import Decision, Outcome, RequestSpec, ToolSpec
 
 from .builders import POLICY, TOOLS, call, choice, chunk, finish, kinds, sse, text, tools

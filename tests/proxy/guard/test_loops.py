@@ -1,4 +1,4 @@
-"""The loop breaker's pure core (``proxy.guard.loops``): fingerprints, history steps, the three rules.
+"""The loop breaker's pure core (``proxy.guard.decisions.loops``): fingerprints, history steps, the three rules.
 
 Sans-IO: no server, no event loop, no database.
 """
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.loops import (
+from proxy.guard.decisions.loops import (
     EXHAUSTION_PREFIX,
     Step,
     check_exhausted,

@@ -8,8 +8,8 @@ import pytest
 
 from proxy.guard.events import Abort
 from proxy.guard.findings import Action, FindingKind
-from proxy.guard.markup import MarkupScanner, ScanResult, extract_markup
 from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.stream.markup import MarkupScanner, ScanResult, extract_markup
 from proxy.guard.turn import Outcome, RequestSpec, ToolSpec
 
 from .builders import TOOLS, calls_of, choice, chunk, finish, kinds, released, run, sse, text

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.guard.checks.passcheck import PassCheck
 from proxy.guard.findings import FindingKind
-from proxy.guard.passcheck import PassCheck
 
 K = FindingKind
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.attempt import AttemptGuard, decide_completion
+from proxy.guard.decisions.attempt import AttemptGuard, decide_completion
 from proxy.guard.events import Done
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy

@@ -1,4 +1,4 @@
-"""Deterministic repairs (``proxy.guard.repair``): names, argument text, double encoding."""
+"""Deterministic repairs (``proxy.guard.checks.repair``): names, argument text, double encoding."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.guard.policy import GuardPolicy, Repair
-from proxy.guard.repair import (
+from proxy.guard.checks.repair import (
     drop_stray_escapes,
     parse_arguments,
     resolve_name,
     strip_code_fence,
     unwrap_double_encoded,
 )
+from proxy.guard.policy import GuardPolicy, Repair
 
 POLICY = GuardPolicy()
 NO_REPAIRS = GuardPolicy(repairs=frozenset())

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.guard.request import RequestInvalid, check_chat_fields, prepare
+from proxy.guard.checks.request import RequestInvalid, check_chat_fields, prepare
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses import Response
 
-from proxy.guard.emit_responses import OpenAIResponsesEmitter
-from proxy.guard.responses_tools import LOCAL_SHELL, LOCAL_SHELL_PARAMETERS, ClientTool
-from proxy.guard.translate import TranslationError
-from proxy.guard.translate_responses import translate_responses
+from proxy.guard.protocols.emit_responses import OpenAIResponsesEmitter
+from proxy.guard.protocols.responses_tools import LOCAL_SHELL, LOCAL_SHELL_PARAMETERS, ClientTool
+from proxy.guard.protocols.translate import TranslationError
+from proxy.guard.protocols.translate_responses import translate_responses
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
 from tests.protocol_grammar import assert_tool_pairing, responses_output
 from tests.proxy.guard.test_emit_responses import events, final_response

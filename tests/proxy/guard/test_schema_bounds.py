@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.guard import validate
-from proxy.guard.attempt import AttemptGuard, guard_body
+from proxy.guard.checks import validate
+from proxy.guard.checks.request import RequestInvalid, prepare
+from proxy.guard.checks.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure, value_nodes
+from proxy.guard.checks.validate import Verdict, check_turn, configure_cache, offloaded_verdict
+from proxy.guard.decisions.attempt import AttemptGuard, guard_body
 from proxy.guard.events import Done, Pending, ToolCallValid
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy
-from proxy.guard.request import RequestInvalid, prepare
-from proxy.guard.schema_bounds import SchemaBounds, SchemaTooComplex, exceeded, measure, value_nodes
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn
-from proxy.guard.validate import Verdict, check_turn, configure_cache, offloaded_verdict
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "agent_tools"
 AGENTS = ("claude_code", "codex_cli", "opencode", "qwen_code")

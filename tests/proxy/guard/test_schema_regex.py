@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from proxy.guard.checks.validate import check_turn
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, ToolSpec, Turn
-from proxy.guard.validate import check_turn
 
 EVIL = "^(a+)+$"
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
+from proxy.guard.stream.sse import SSEDecoder, SSEEvent, encode_comment, encode_data, encode_done, encode_event
 
 
 def decode(body: bytes, *splits: int) -> list[SSEEvent]:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from proxy.guard.checks.validate import tool_declaration_problem
 from proxy.guard.turn import RequestSpec
-from proxy.guard.validate import tool_declaration_problem
 
 
 def _tool(name: str, required: str = "a") -> dict[str, Any]:

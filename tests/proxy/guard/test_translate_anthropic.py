@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.tool_history import MISSING_RESULT
-from proxy.guard.translate import TranslationError, upstream_tool_name
-from proxy.guard.translate_anthropic import count_tokens_body, translate_messages
+from proxy.guard.protocols.tool_history import MISSING_RESULT
+from proxy.guard.protocols.translate import TranslationError, upstream_tool_name
+from proxy.guard.protocols.translate_anthropic import count_tokens_body, translate_messages
 from tests.protocol_grammar import assert_tool_pairing
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.guard.responses_tools import ClientTool
-from proxy.guard.translate import TranslationError
-from proxy.guard.translate_responses import flat_tool_name, translate_responses
+from proxy.guard.protocols.responses_tools import ClientTool
+from proxy.guard.protocols.translate import TranslationError
+from proxy.guard.protocols.translate_responses import flat_tool_name, translate_responses
 
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command", "strict": False,
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}

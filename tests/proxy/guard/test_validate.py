@@ -1,4 +1,4 @@
-"""Turn validation (``proxy.guard.validate.check_turn``): names, arguments, schemas, tool_choice."""
+"""Turn validation (``proxy.guard.checks.validate.check_turn``): names, arguments, schemas, tool_choice."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from proxy.guard.checks.validate import check_turn
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.turn import ChoiceTurn, RequestSpec, ToolCall, ToolSpec, Turn
-from proxy.guard.validate import check_turn
 
 POLICY = GuardPolicy()
 WEATHER = ToolSpec("get_weather", {

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from proxy.guard.attempt import AttemptGuard
+from proxy.guard.decisions.attempt import AttemptGuard
 from proxy.guard.dialects import matcher
 from proxy.guard.dialects.base import MarkupError
 from proxy.guard.dialects.values import coerce, literal, py_calls
 from proxy.guard.events import Done
 from proxy.guard.findings import Action, FindingKind
-from proxy.guard.markup import MarkupScanner, extract_markup
+from proxy.guard.stream.markup import MarkupScanner, extract_markup
 from proxy.guard.turn import Outcome
 
 from ..builders import POLICY, TOOLS, calls_of, choice, chunk, finish, kinds, released, run, sse, text

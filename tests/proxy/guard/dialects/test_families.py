@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.guard.findings import Action, FindingKind
-from proxy.guard.markup import MarkupScanner, ScanResult
+from proxy.guard.stream.markup import MarkupScanner, ScanResult
 from proxy.guard.turn import ToolSpec
 
 from .render import RENDERERS, Calls

@@ -1,0 +1,147 @@
+"""The audit side of one request's upstream calls: numbered records, scrubbed texts, metrics.
+
+``AttemptLog`` numbers every upstream call in call order (a refused call that the upstream client
+asked again past is a call of its own), redacts upstream credentials from every text that reaches
+the client or the audit (some upstreams echo the key they were sent in their error messages), and
+journals each record the moment its call ends (``audit.records.attempt_finished``): a corrupted
+attempt is on record before its retry starts, without a database round trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from audit import records as audit
+from infra import metrics
+from infra.scrub import redact
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.stream.errors import http_error_decision
+from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.upstreams.client import (
+    Refusal,
+    UpstreamMisconfigured,
+    UpstreamRefusedByPolicy,
+    UpstreamResponse,
+    UpstreamTimeout,
+    secrets_of,
+)
+from proxy.upstreams.refusals import Refused
+from tenants.principal import UpstreamTarget
+
+
+def failure_decision(exc: Exception) -> Decision:
+    """The decision for a connection failure or a timeout (``UpstreamMisconfigured`` is not retryable)."""
+    if isinstance(exc, UpstreamMisconfigured):
+        error = UpstreamError(status=502, message=str(exc), type="upstream_misconfigured", retryable=False)
+        refused = isinstance(exc, UpstreamRefusedByPolicy)
+        kind = FindingKind.OUTBOUND_ADDRESS_REFUSED if refused else FindingKind.UPSTREAM_CONNECTION_ERROR
+        finding = Finding(kind, Severity.ERROR, Action.ERROR, exc.detail)
+        return Decision(Outcome.UPSTREAM_ERROR, None, (finding,), reason=str(exc), error=error)
+    if isinstance(exc, UpstreamTimeout):
+        error = UpstreamError(status=504, message=str(exc), type="upstream_timeout")
+        kind = FindingKind.UPSTREAM_TIMEOUT
+    else:
+        error = UpstreamError(status=502, message=str(exc), type="upstream_unavailable")
+        kind = FindingKind.UPSTREAM_CONNECTION_ERROR
+    finding = Finding(kind, Severity.ERROR, Action.RETRY, str(exc))
+    return Decision(Outcome.UPSTREAM_ERROR, None, (finding,), reason=str(exc), error=error)
+
+
+def parameter_refused_detail(refused: Refused) -> str:
+    """The audit's sentence for a parameter refusal, e.g. ``deepseek refused it: "Invalid max_tokens
+    value, ..."; asked again at once with max_tokens <= 8192 (remembered)``."""
+    fixes = ", ".join(f"{f.describe()} ({'remembered' if f.remember else 'this request only'})" for f in refused.fixes)
+    return f'{refused.family} refused it: "{refused.message}"; asked again at once with {fixes}'[:1000]
+
+
+def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` of an OpenAI usage object, zeros when absent."""
+    if not isinstance(usage, dict):
+        return 0, 0
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else 0), (completion if isinstance(completion, int) else 0)
+
+
+class AttemptLog:
+    """The upstream calls of one request (``all``, in call order), each journaled when it ends."""
+
+    def __init__(self, record: audit.RequestRecord, targets: tuple[UpstreamTarget, ...],
+                 labels: metrics.RequestLabels | None = None) -> None:
+        self.record = record
+        self._targets = targets
+        self.labels = labels or metrics.request_labels(tenant="", route=None, upstream=None, path=record.path)
+        self._secrets: frozenset[str] | None = None
+        self.all: list[audit.AttemptRecord] = []
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        """Every credential and extra header value of the plan's upstreams (decrypted once, on demand)."""
+        if self._secrets is None:
+            self._secrets = frozenset().union(*(secrets_of(t) for t in self._targets))
+        return self._secrets
+
+    def add(self, target: UpstreamTarget, outcome: str, started: float, *, ended: float | None = None,
+            **fields: Any) -> audit.AttemptRecord:
+        """Record one upstream call (``fields`` as ``audit.AttemptRecord``); ``body`` is redacted."""
+        ttfb = fields.get("ttfb_ms")
+        metrics.observe_attempt(self.labels, upstream=target.name, outcome=outcome,
+                                ttfb=ttfb / 1000 if ttfb is not None else None,
+                                findings=[f.kind.value for f in fields.get("findings", ())])
+        if fields.get("body"):  # surrogateescape: undecodable upstream bytes come back exactly
+            fields["body"] = redact(fields["body"].decode("utf-8", "surrogateescape"),
+                                    self.secrets).encode("utf-8", "surrogateescape")
+        if fields.get("abort_reason"):
+            fields["abort_reason"] = redact(fields["abort_reason"], self.secrets)
+        duration = ((ended if ended is not None else time.monotonic()) - started) * 1000
+        record = audit.AttemptRecord(number=len(self.all), upstream_id=target.upstream_id,
+                                     upstream_model=target.model, outcome=outcome, duration_ms=duration, **fields)
+        self.all.append(record)
+        audit.attempt_finished(request=self.record, attempt=record)
+        return record
+
+    def scrub(self, decision: Decision) -> Decision:
+        """``decision`` with upstream credentials redacted from its findings, reason and error."""
+        if not decision.findings and decision.error is None:
+            return decision
+        secrets = self.secrets
+        findings = tuple(dataclasses.replace(f, detail=redact(f.detail, secrets), fragment=redact(f.fragment, secrets))
+                         for f in decision.findings)
+        error = decision.error
+        if error is not None:
+            error = dataclasses.replace(error, message=redact(error.message, secrets))
+        return dataclasses.replace(decision, findings=findings, reason=redact(decision.reason, secrets), error=error)
+
+    def refusals(self, target: UpstreamTarget, response: UpstreamResponse) -> None:
+        """Record the answers the upstream client asked again past (each a call of its own); a parameter
+        refusal carries an ``upstream-parameter-refused`` finding saying what was fixed."""
+        for refusal in response.refusals:
+            if refusal.refused is None:
+                self._http_record(target, refusal)
+                continue
+            finding = Finding(FindingKind.UPSTREAM_PARAMETER_REFUSED, Severity.WARNING, Action.RETRY,
+                              redact(parameter_refused_detail(refusal.refused), self.secrets),
+                              fragment=redact(refusal.refused.message, self.secrets))
+            self.add(target, "upstream-error", refusal.started, ended=refusal.ended, upstream_status=refusal.status,
+                     findings=(finding,), abort_reason=finding.detail, body=refusal.body)
+
+    def _http_record(self, target: UpstreamTarget, refusal: Refusal) -> Decision:
+        decision = self.scrub(http_error_decision(refusal.status, refusal.body, refusal.headers))
+        self.add(target, "upstream-error", refusal.started, ended=refusal.ended, upstream_status=refusal.status,
+                 findings=decision.findings, abort_reason=decision.reason, body=refusal.body)
+        return decision
+
+    async def http_failure(self, target: UpstreamTarget, started: float, response: UpstreamResponse) -> Decision:
+        """Record a non-200 answer and return its decision."""
+        body = await response.read_capped()
+        return self._http_record(target, Refusal(response.status, body, response.headers, started, time.monotonic()))
+
+    def transport_failure(self, target: UpstreamTarget, started: float, exc: Exception, *,
+                          upstream_status: int | None = None) -> Decision:
+        """Record a connection failure or timeout and return its decision (scrubbed: an httpx error about an
+        illegal header value quotes the value, which may be a secret)."""
+        decision = self.scrub(failure_decision(exc))
+        self.add(target, "upstream-error", started, abort_reason=decision.reason, findings=decision.findings,
+                 upstream_status=upstream_status)
+        return decision

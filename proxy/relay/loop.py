@@ -1,0 +1,280 @@
+"""The relay: one client request driven against its upstream(s), in one attempt loop.
+
+Protocol-agnostic: the consumer hands it a ``RelayCall`` (the principal, the route plan, the
+prepared chat request and the emitter of the client's protocol) and the ``ClientResponse`` it
+writes to. The path strategy (``proxy.relay.paths``: pass-through, guarded, non-stream) makes each
+upstream call; the loop here decides whether to retry, waits between retries, and when the
+attempts run out asks ``proxy.guard.decisions.answer.answer_for`` what the client gets. The request outcome
+is set once, when the request ends.
+
+Audit records go to the process's journal at once (``audit.services``): the request's start, each
+attempt when it ends (before any retry), the request's end; the journal writer moves them into the
+database off the byte path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+
+from audit import records as audit
+from infra import metrics
+from infra.background import drain_background
+from proxy.guard.checks.request import ChatRequest
+from proxy.guard.decisions.answer import RequestOutcome, answer_for, model_failure
+from proxy.guard.findings import Action, Finding, FindingKind, Severity
+from proxy.guard.protocols.emit import Emitter
+from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.policy.loop_breaker import LoopBreaker
+from proxy.policy.retry_budget import count_request, take_retry
+from proxy.relay.attempts import AttemptLog
+from proxy.relay.paths import Attempted, Guarded, NonStream, PassThrough
+from proxy.upstreams.client import DeadlineExceeded, UpstreamClient
+from tenants.principal import Principal, RoutePlan, UpstreamTarget
+
+if TYPE_CHECKING:
+    from proxy.edge.response import ClientResponse
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Relay", "RelayCall", "drain_background"]
+
+
+@dataclass(slots=True)
+class RelayCall:
+    """One client request, understood: who (``principal``), where (``plan``), what (``request``, in
+    chat.completions form) and how to answer (``emitter``, ``protocol``)."""
+
+    principal: Principal
+    plan: RoutePlan
+    request: ChatRequest
+    emitter: Emitter
+    protocol: str = "openai-chat"
+    user_agent: str = ""
+    dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
+    session: str = ""  # the agent session (``proxy.guard.decisions.loops.session_id``); "" = none known
+
+    @property
+    def forwards_raw(self) -> bool:
+        """True when upstream bytes go back unchanged: an OpenAI Chat client without ``tools``.
+        Other protocols always go through the guard, which translates frame by frame."""
+        return self.protocol == "openai-chat" and not self.request.guarded
+
+    @property
+    def path(self) -> str:
+        """``pass-through``, ``guarded`` or ``non-stream`` (``audit.models.ProxyRequest.Path``)."""
+        if not self.request.stream:
+            return "non-stream"
+        return "pass-through" if self.forwards_raw else "guarded"
+
+
+def request_record(call: RelayCall, response: ClientResponse) -> audit.RequestRecord:
+    """The audit's record of ``call`` (its id is the client's ``x-request-id``), first target's upstream."""
+    first = call.plan.target(0)
+    return audit.RequestRecord(
+        id=response.request_id, tenant_id=call.principal.tenant_id, api_key_id=call.principal.api_key_id,
+        model=call.request.model, path=call.path, client_protocol=call.protocol,
+        client_user_agent=call.user_agent, route_id=call.plan.route_id, upstream_id=first.upstream_id,
+        upstream_model=first.model, fragments=call.plan.policy.fragments,
+        findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
+                               f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
+    )
+
+
+def refused(call: RelayCall, response: ClientResponse, *, status: int, error: str) -> None:
+    """Journal a request refused before any upstream call (a limit's 429): outcome ``rejected``, no attempt,
+    so usage reports count the limits hit (``audit.usage``)."""
+    total_ms = 1000 * (time.monotonic() - response.started)
+    audit.request_finished(request=request_record(call, response), result=audit.RequestResult(
+        outcome="rejected", status=status, attempts=0, total_ms=total_ms, error=error))
+
+
+def retryable(decision: Decision) -> bool:
+    """True when asking the upstream again can help: broken model output, or a retryable error."""
+    return decision.outcome == Outcome.RETRY or (decision.error is not None and decision.error.retryable)
+
+
+class Relay:
+    """Drives one request to the end: ``await Relay(call, response, client).run()``.
+
+    Cancellation (the client left) propagates out of ``run()`` after the upstream response is
+    closed by its context manager; the request is then recorded as client-cancelled.
+    """
+
+    def __init__(self, call: RelayCall, response: ClientResponse, client: UpstreamClient) -> None:
+        self.call = call
+        self.response = response
+        self.client = client
+        response.emitter = call.emitter
+        first = call.plan.target(0)
+        record = request_record(call, response)
+        self.labels = metrics.request_labels(tenant=call.principal.slug, route=call.plan.route_name,
+                                             upstream=first.name, path=call.path)
+        self.log = AttemptLog(record, call.plan.targets, self.labels)
+        self.deadline = response.started + call.plan.deadline  # monotonic seconds
+        self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
+        self._last: Attempted | None = None
+        self.attempts_made = 0
+        self.outcome = RequestOutcome.UPSTREAM_ERROR
+        self.error = ""
+        #: What the client got at the end (``audit.delivered``), set by the path that answered; None for
+        #: bytes passed through unchanged.
+        self.delivered: dict[str, Any] | None = None
+        #: The loop breaker of a guarded request (None for the others).
+        self.loops = LoopBreaker(session=call.session, messages=call.request.body.get("messages"),
+                                 policy=call.plan.policy) if call.request.guarded else None
+        #: Set when the tenant's retry budget stopped a retry (``proxy.policy.retry_budget``).
+        self.budget_spent: Finding | None = None
+
+    async def run(self) -> None:
+        """Serve the request on its path; always leaves an audit record behind."""
+        metrics.IN_FLIGHT.inc()
+        audit.request_started(request=self.log.record)
+        count_request(self.call.principal.tenant_id)
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            self.outcome = RequestOutcome.CLIENT_CANCELLED
+            raise
+        except Exception as exc:
+            logger.exception("relay failed")
+            self.outcome, self.error = RequestOutcome.UPSTREAM_ERROR, f"internal error: {type(exc).__name__}"
+            await self.response.fail_internal()
+        finally:
+            self.response.release()
+            self._finish()
+
+    def _path(self) -> PassThrough | Guarded | NonStream:
+        call = self.call
+        if not call.request.stream:
+            return NonStream(self)
+        if call.forwards_raw:
+            return PassThrough(self)
+        self.response.hold(call.plan.policy.commit_deadline, call.plan.policy.keepalive_interval)
+        return Guarded(self)
+
+    async def _serve(self) -> None:
+        call = self.call
+        path = self._path()
+        try:
+            async with asyncio.timeout_at(self.deadline):  # the loop's clock is time.monotonic()
+                result = await self._attempts(path)
+        except TimeoutError:
+            result = await self._deadline_passed(path)
+        if result.delivered:
+            self.outcome, self.error = result.outcome, result.error
+            return
+        answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
+                            checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
+                            request_id=str(self.response.request_id))
+        if self.budget_spent is not None:
+            answer = dataclasses.replace(answer, reason=f"{answer.reason}; no retry was made: the tenant's retry "
+                                                        f"budget is spent")
+        self.outcome, self.error = answer.outcome, answer.audit_error
+        if answer.outcome is RequestOutcome.EXHAUSTED and self.loops is not None:
+            stuck = await self.loops.check_exhausted()
+            if stuck is not None:
+                await path.stuck(stuck)
+                return
+        await path.give_up(answer)
+
+    async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
+        """Attempt after attempt until one is delivered, the failure is not retryable, the policy's retries
+        or the retry budget are spent; returns the last attempt's result."""
+        result: Attempted | None = None
+        failed: UpstreamTarget | None = None
+        budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
+        for attempt, target in self.call.plan.attempts():
+            if result is not None and failed is not None:
+                if model_failure(result.decision) and not await self._retry_budget_allows():
+                    break
+                if not await self._backoff(attempt - 1, result.decision.error, budget_end):
+                    break
+                cause = "broken_output" if model_failure(result.decision) else "upstream_error"
+                metrics.observe_retry(self.labels, upstream=failed.name, cause=cause)
+            self.attempts_made = attempt + 1
+            self._current = (target, time.monotonic())
+            result = self._last = await path.attempt(attempt, target)
+            self._current, failed = None, target
+            if result.delivered or not retryable(result.decision):
+                break
+        assert result is not None, "a plan has at least one attempt"
+        return result
+
+    async def _retry_budget_allows(self) -> bool:
+        """True when the tenant's retry budget allows one more attempt for broken output (and counts it)."""
+        percent = self.call.principal.policy.retry_budget_percent
+        check = await take_retry(self.call.principal.tenant_id, percent)
+        if not check.allowed:
+            self.budget_spent = check.finding(percent)
+            metrics.RETRY_BUDGET_SPENT.inc()
+        return check.allowed
+
+    async def _deadline_passed(self, path: PassThrough | Guarded | NonStream) -> Attempted:
+        """The request deadline cut the attempt under way (recorded as a timeout), or the wait before a retry."""
+        exc = DeadlineExceeded(self.call.plan.deadline)
+        if self._current is not None:
+            return await path.interrupted(*self._current, exc)
+        if self._last is not None:
+            return self._last
+        return await path.interrupted(self.call.plan.target(0), self.response.started, exc)
+
+    def timeouts(self, target: UpstreamTarget) -> tuple[float, float]:
+        """``(first_byte, idle)`` seconds for the next call to ``target``: its own deadlines, shortened to the
+        time left before the request deadline and, for a retry, before the end of the retry budget."""
+        now = time.monotonic()
+        left = self.deadline - now
+        first_byte = min(target.first_byte_timeout, left)
+        if self.attempts_made > 1:
+            first_byte = min(first_byte, self.response.started + settings.RETRY_BUDGET_SECONDS - now)
+        return max(0.001, first_byte), max(0.001, min(target.idle_timeout, left))
+
+    async def _backoff(self, attempt: int, error: UpstreamError | None, budget_end: float) -> bool:
+        """Wait before retry ``attempt`` + 1: Retry-After within a bound, jittered exponential for 429/5xx,
+        nothing for broken model output (asking again at once is the point). False when the retry budget
+        (``RETRY_BUDGET_SECONDS`` since the request arrived) does not leave room for the retry."""
+        delay = 0.0
+        if error is not None and (error.status == 429 or error.status >= 500):
+            cap = settings.RETRY_AFTER_MAX_SECONDS
+            if error.retry_after is not None:
+                delay = min(error.retry_after, cap)
+            else:
+                delay = min(cap, settings.RETRY_BACKOFF_BASE_SECONDS * 2**attempt) * (0.5 + random.random() / 2)  # noqa: S311
+        if time.monotonic() + delay >= budget_end:
+            return False
+        await asyncio.sleep(max(0.0, delay))
+        return True
+
+    def _finish(self) -> None:
+        attempts = self.log.all
+        if self.outcome is RequestOutcome.CLIENT_CANCELLED:
+            metrics.CLIENT_CANCELLED.inc()
+        response = self.response
+        delivered = self.outcome not in (RequestOutcome.EXHAUSTED, RequestOutcome.CLIENT_CANCELLED,
+                                         RequestOutcome.UPSTREAM_ERROR)
+        good = attempts[-1] if attempts and delivered else None
+        wasted = [a for a in attempts if a is not good]
+        result = audit.RequestResult(
+            outcome=self.outcome.value, status=response.status, attempts=len(attempts),
+            ttft_ms=response.ttft * 1000 if response.ttft is not None else None,
+            total_ms=(time.monotonic() - response.started) * 1000,
+            prompt_tokens=sum(a.prompt_tokens for a in attempts),
+            completion_tokens=sum(a.completion_tokens for a in attempts),
+            wasted_completion_tokens=sum(a.completion_tokens for a in wasted),
+            wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error, delivered=self.delivered,
+            findings=tuple(f for f in (self.loops.finding() if self.loops is not None else None, self.budget_spent)
+                           if f is not None),
+        )
+        added = None
+        if good is not None and good.duration_ms is not None and result.total_ms is not None:
+            added = (result.total_ms - good.duration_ms) / 1000
+        metrics.observe_request(self.labels, outcome=self.outcome.value, ttft=response.ttft, added_latency=added)
+        audit.request_finished(request=self.log.record, result=result)
+        metrics.IN_FLIGHT.dec()
