@@ -8,6 +8,10 @@ state, ``infra.shared_state``: Redis with ``REDIS_URL``, else process memory; a 
 ``LOOP_SESSION_TTL_SECONDS``) adds the steps and exhausted turns the history lacks (a compacted
 history, an agent that sends only its last step, a user who types "continue" into a fresh request).
 
+Without a session header a request joins a session only with proof (``session_id``): its history holds
+the conversation's first delivered turn; a new conversation reads no state and starts its chain with
+the turn it is delivered (``chain_session``), so two independent runs with one opening never share.
+
 Reads and writes of the state fail open (the shared state never raises: unknown state is an empty
 state), so a sick Redis only loses the state's addition, never a request.
 """
@@ -24,6 +28,7 @@ from infra.shared_state import get_state
 from proxy.guard.decisions.loops import (
     Step,
     Stuck,
+    chain_session,
     check_exhausted,
     check_turn,
     history_steps,
@@ -63,7 +68,7 @@ class LoopBreaker:
         if self._steps is None:
             remembered: list[Step] = []
             exhausted = 0
-            raw = await get_state().recall(_PREFIX + self.session)
+            raw = None if self._new else await get_state().recall(_PREFIX + self.session)
             if raw:
                 try:
                     remembered, exhausted = state_loads(json.loads(raw))
@@ -73,9 +78,17 @@ class LoopBreaker:
             self._exhausted = max(exhausted, self._history_exhausted)
         return self._steps
 
-    async def _save(self, steps: list[Step], exhausted: int) -> None:
-        await get_state().remember(_PREFIX + self.session, json.dumps(state_dumps(steps, exhausted)),
-                                   settings.LOOP_SESSION_TTL_SECONDS)
+    @property
+    def _new(self) -> bool:
+        """A new conversation (no session header, no assistant turn yet): it has no state to join."""
+        return self.session.startswith("n:")
+
+    async def _save(self, steps: list[Step], exhausted: int, *, turn: Turn | None = None) -> None:
+        session = chain_session(self.session, turn) if self._new and turn is not None else \
+            ("" if self._new else self.session)
+        if session:
+            await get_state().remember(_PREFIX + session, json.dumps(state_dumps(steps, exhausted)),
+                                       settings.LOOP_SESSION_TTL_SECONDS)
 
     async def check_turn(self, turn: Turn) -> Stuck | None:
         """The loop ``turn`` would complete (None: deliver it). Remembers the session's steps (the turn itself
@@ -87,7 +100,7 @@ class LoopBreaker:
         self.stuck = check_turn(steps, key, self.policy)
         if self.stuck is not None:
             metrics.LOOPS_BROKEN.labels(rule=self.stuck.rule).inc()
-        await self._save(steps, 0)
+        await self._save(steps, 0, turn=turn)
         return self.stuck
 
     async def check_exhausted(self) -> Stuck | None:

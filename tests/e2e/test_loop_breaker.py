@@ -205,3 +205,41 @@ def test_the_third_exhausted_turn_in_a_row_is_answered_as_stuck(make_tenant: Any
             messages += [{"role": "assistant", "content": texts[-1]}, {"role": "user", "content": "continue"}]
     assert all("[toolrelay] The upstream model could not produce a valid answer" in t for t in texts[:2])
     assert STUCK_PREFIX in texts[2] and "3 turns in a row" in texts[2]
+
+
+def test_independent_conversations_with_one_opening_never_share_loop_state(make_tenant: Any) -> None:
+    """Parallel CI jobs of one task (no session header, the same opening message): each of five first
+    turns is exhausted on its own, and none is answered as a loop of the others (issue 23, item 2)."""
+    tenant = make_tenant()
+    opening = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": _task()}]
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
+        texts = []
+        for _ in range(5):
+            with client.chat.completions.stream(model=BROKEN, messages=list(opening),  # type: ignore
+                                                tools=[TOOL]) as events:  # type: ignore[list-item]
+                choice = events.get_final_completion().choices[0]
+            texts.append(choice.message.content or "")
+    assert all("[toolrelay] The upstream model could not produce a valid answer" in t for t in texts), texts
+    assert not any(STUCK_PREFIX in t for t in texts)
+
+
+def test_a_conversation_without_a_header_keeps_its_state_through_its_first_turn(make_tenant: Any) -> None:
+    """Without a session header the chain is the conversation's first delivered turn: an agent that keeps
+    its first turn and sends its latest step (a compacted middle) is still one session."""
+    tenant = make_tenant()
+    task = _task()
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
+        first: list[dict[str, Any]] = []
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        for turn in range(1, 5):
+            choice = client.chat.completions.create(model=LOOP, messages=messages,  # type: ignore[arg-type]
+                                                    tools=[TOOL]).choices[0]  # type: ignore[list-item]
+            if turn < 4:
+                [call] = choice.message.tool_calls or []
+                step = [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.function.name,  # type: ignore
+                                                                      "arguments": call.function.arguments}}]},  # type: ignore
+                    {"role": "tool", "tool_call_id": call.id, "content": "ENOENT"}]
+                first = first or step
+                messages = [{"role": "user", "content": task}, *first, *([] if step is first else step)]
+    assert choice.finish_reason == "stop" and (choice.message.content or "").startswith(STUCK_PREFIX)

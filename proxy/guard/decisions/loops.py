@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -247,23 +248,54 @@ SESSION_HEADERS = (b"x-claude-code-session-id", b"session_id", b"conversation_id
 
 def session_id(headers: Iterable[tuple[bytes, bytes]], *, tenant: int, key: int | None,
                messages: Any) -> str:
-    """The agent session's id: ``h:`` + the client's session header (hashed with the tenant and key, so
-    two tenants never share a session), else ``c:`` + a hash of tenant, key, system prompt and first
-    user message. 32 hex digits after the prefix."""
+    """The agent session's id, joined only with proof (issue 23, item 2): ``h:`` + the client's session
+    header (hashed with the tenant and key, so two tenants never share a session); else ``c:`` + the
+    conversation's chain, the digest of its *first assistant turn* (the call ids toolrelay delivered, or
+    the text's digest) with tenant and key: a continuing conversation carries that turn in every later
+    history, an independent one with the same opening does not; else (no assistant turn yet: a new
+    conversation) ``n:`` + the tenant and key, which has no state of its own (``chain_session`` names the
+    state its first delivered turn starts). 32 hex digits after the prefix."""
     wanted = {name: i for i, name in enumerate(SESSION_HEADERS)}
     found = sorted((wanted[n.lower()], v) for n, v in headers if n.lower() in wanted and v.strip())
     if found:
         value = found[0][1][:200].decode("latin-1")
         return "h:" + hashlib.sha256(f"{tenant}\x1f{key}\x1f{value}".encode()).hexdigest()[:32]
-    system = first_user = ""
+    new = "n:" + hashlib.sha256(f"{tenant}\x1f{key}".encode()).hexdigest()[:32]
     for message in messages if isinstance(messages, list) else ():
-        if not isinstance(message, dict):
-            continue
-        role = message.get("role")
-        if role in ("system", "developer") and not system:
-            system = _text(message.get("content"))
-        elif role == "user":
-            first_user = _text(message.get("content"))
-            break
-    text = f"{tenant}\x1f{key}\x1f{system}\x1f{first_user}"
-    return "c:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return _chained(new, _anchor_of_message(message))
+    return new
+
+
+def chain_session(session: str, turn: Turn) -> str:
+    """The session a new conversation (``session`` starts with ``n:``) continues in once ``turn`` is
+    delivered: ``c:`` + its chain from the turn's call ids; ``""`` when the turn has no call ids (nothing
+    for the next request to prove) or ``session`` is not new."""
+    if not session.startswith("n:"):
+        return ""
+    for choice in turn.choices:
+        if choice.tool_calls:
+            ids = [c.id for c in choice.tool_calls]
+            return _chained(session, _anchor_of_ids(ids)) if all(ids) else ""
+    return ""
+
+
+_ID_NOISE = re.compile(r"[^A-Za-z0-9]")
+
+
+def _anchor_of_ids(ids: Sequence[Any]) -> str:
+    """Call ids as every client protocol gives them back (Anthropic's ``tool_use`` ids are the delivered
+    ids with other characters replaced: compare letters and digits only)."""
+    return "ids:" + ",".join(_ID_NOISE.sub("", str(i))[:200] for i in ids)
+
+
+def _anchor_of_message(message: dict[str, Any]) -> str:
+    raw = message.get("tool_calls")
+    ids = [r.get("id") for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
+    if ids and all(isinstance(i, str) and i for i in ids):
+        return _anchor_of_ids(ids)
+    return "text:" + _digest(_text(message.get("content")))
+
+
+def _chained(new: str, anchor: str) -> str:
+    return "c:" + hashlib.sha256(f"{new}\x1f{anchor}".encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -6,6 +6,7 @@ Sans-IO: no server, no event loop, no database.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from proxy.guard.decisions.loops import (
     EXHAUSTION_PREFIX,
     Step,
+    chain_session,
     check_exhausted,
     check_turn,
     fingerprint,
@@ -179,7 +181,7 @@ def test_state_round_trips_and_tolerates_garbage() -> None:
 
 
 def test_the_session_id_prefers_the_clients_header() -> None:
-    """Claude Code's header, Codex's ``session_id``; else a hash of tenant, key, system and first user text."""
+    """Claude Code's header, Codex's ``session_id``; else the chain of the first assistant turn; else new."""
     msgs = history(("ls", {}, "1"))
     a = session_id([(b"X-Claude-Code-Session-Id", b"s1")], tenant=1, key=2, messages=msgs)
     assert a.startswith("h:") and a == session_id([(b"x-claude-code-session-id", b"s1")], tenant=1, key=2,
@@ -190,6 +192,43 @@ def test_the_session_id_prefers_the_clients_header() -> None:
     assert b.startswith("c:") and b == session_id([], tenant=1, key=2, messages=[*msgs, {"role": "user",
                                                                                        "content": "more"}])
     assert b != session_id([], tenant=1, key=3, messages=msgs)
+    assert session_id([], tenant=1, key=2, messages=msgs[:2]).startswith("n:"), "no assistant turn yet: new"
+
+
+def _first_turn(call_id: str) -> Turn:
+    return Turn(choices=[ChoiceTurn(tool_calls=[ToolCall(call_id, "ls", "{}")])])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=30), st.text(max_size=30), st.lists(st.from_regex(r"[A-Za-z0-9_.:-]{1,24}",
+                                                                                        fullmatch=True),
+                                                                          min_size=2, max_size=2, unique=True))
+def test_a_conversation_that_continues_joins_its_session_and_an_independent_one_never_does(
+        opening: str, system: str, ids: list[str]) -> None:
+    """Two conversations with one opening (parallel CI jobs, a retried job) whose first delivered turns
+    differ start two chains; each continuation, whatever the client protocol did to the id's punctuation
+    (Anthropic replaces it with ``_``), finds its own."""
+    start = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
+    new = session_id([], tenant=1, key=2, messages=start)
+    assert new.startswith("n:") and new == session_id([], tenant=1, key=2, messages=list(start))
+    chains = [chain_session(new, _first_turn(i)) for i in ids]
+    clean = [i.replace(".", "_").replace(":", "_") for i in ids]
+    if re.sub(r"[^A-Za-z0-9]", "", ids[0]) == re.sub(r"[^A-Za-z0-9]", "", ids[1]):
+        return  # ids equal up to punctuation: one delivered turn as far as any client can tell
+    assert chains[0] != chains[1] and all(c.startswith("c:") for c in chains)
+    for call_id, echoed, chain in zip(ids, clean, chains, strict=True):
+        later = [*start, {"role": "assistant", "content": None,
+                          "tool_calls": [call("ls", {}, echoed)]},
+                 {"role": "tool", "tool_call_id": echoed, "content": "ok"},
+                 {"role": "assistant", "content": None, "tool_calls": [call("ls", {}, call_id + "x")]}]
+        assert session_id([], tenant=1, key=2, messages=later) == chain
+
+
+def test_a_new_conversation_names_no_chain_without_call_ids() -> None:
+    new = session_id([], tenant=1, key=2, messages=[{"role": "user", "content": "hi"}])
+    assert chain_session(new, Turn(choices=[ChoiceTurn(content="hello")])) == ""
+    assert chain_session(new, _first_turn("")) == ""
+    assert chain_session("c:" + "0" * 32, _first_turn("call_1")) == "", "only a new conversation starts a chain"
 
 
 def test_the_stuck_message_says_why() -> None:
