@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import random
 import time
@@ -45,6 +46,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["Relay", "RelayCall", "drain_background"]
+
+
+#: Characters per token of the request estimate (``proxy.edge.protocols.CHARS_PER_TOKEN``).
+_CHARS_PER_TOKEN = 4
+
+
+def _overflow_figures(decision: Decision, call: RelayCall) -> tuple[int, int | None]:
+    """The request's size (tokens, estimated from its messages) and output budget, for a context-window
+    refusal the upstream gave without figures (``answer_for``); nothing is counted for other answers."""
+    error = decision.error
+    if error is None or error.retryable:
+        return 0, None
+    body = call.request.body
+    budget = next((v for k in ("max_tokens", "max_completion_tokens") if isinstance(v := body.get(k), int)
+                   and not isinstance(v, bool) and v > 0), None)
+    size = len(json.dumps(body.get("messages"), ensure_ascii=False, default=str))
+    return max(1, size // _CHARS_PER_TOKEN), budget
 
 
 @dataclass(slots=True)
@@ -171,9 +189,11 @@ class Relay:
         if result.delivered:
             self.outcome, self.error = result.outcome, result.error
             return
+        prompt_tokens, budget = _overflow_figures(result.decision, call)
         answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
                             checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
-                            request_id=str(self.response.request_id))
+                            request_id=str(self.response.request_id), prompt_tokens=prompt_tokens,
+                            budget=budget)
         if self.budget_spent is not None:
             answer = dataclasses.replace(answer, reason=f"{answer.reason}; no retry was made: the tenant's retry "
                                                         f"budget is spent")

@@ -26,11 +26,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.policy import Exhaustion, GuardPolicy
+from proxy.guard.stream.overflow import CODE as OVERFLOW_CODE
+from proxy.guard.stream.overflow import anthropic_wording, read_overflow
 from proxy.guard.turn import Decision, Outcome, UpstreamError
 
 
@@ -95,16 +98,21 @@ def broken_off(decision: Decision) -> bool:
 
 
 def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bool, policy: GuardPolicy,
-               attempts: int, request_id: str) -> Answer:
+               attempts: int, request_id: str, prompt_tokens: int = 0, budget: int | None = None) -> Answer:
     """The answer for a request whose last attempt ended with ``decision`` after ``attempts`` calls.
 
     ``committed``: the client already has a 200 and stream headers; ``checked``: the answer goes
     through the guard and an emitter (every path but the byte-exact OpenAI Chat pass-through, which
     only ever gets errors); ``stream``: a streaming request. HTTP error messages leave the request
     id to the response (it appends it to every error); in-stream ones carry it where the client
-    would otherwise not see it.
+    would otherwise not see it. An upstream's context-window refusal is said in the words clients
+    parse (``proxy.guard.stream.overflow``), with ``prompt_tokens`` (toolrelay's count of the request)
+    and ``budget`` (the request's output budget) where the upstream gave no figures.
     """
     error = decision.error
+    if error is not None and not error.retryable:
+        error = _overflowed(error, prompt_tokens=prompt_tokens, budget=budget) or error
+        decision = dataclasses.replace(decision, error=error)
     retryable = error is None or error.retryable
     reason = error.message if error is not None else decision.reason
     if error is not None and retryable and not model_failure(decision):
@@ -124,6 +132,18 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
                                "upstream_error", code="upstream_failed")
         return Answer(AnswerKind.STREAM_ERROR, RequestOutcome.EXHAUSTED, reason, failed)
     return Answer(AnswerKind.EXHAUSTED, RequestOutcome.EXHAUSTED, reason)
+
+
+def _overflowed(error: UpstreamError, *, prompt_tokens: int, budget: int | None) -> UpstreamError | None:
+    """``error`` as a context overflow in the Anthropic API's wording, code ``context_length_exceeded``
+    (OpenAI's; every protocol's emitter renders it in its own error shape), or None when it is none."""
+    overflow = read_overflow(error.message)
+    if overflow is None:
+        return None
+    said = anthropic_wording(overflow, prompt_estimate=prompt_tokens, budget=budget)
+    upstream = error.message[:300]
+    return UpstreamError(400, f"{said} (the upstream said: {upstream})", "invalid_request_error",
+                         code=OVERFLOW_CODE, retryable=False)
 
 
 def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, request_id: str,
@@ -157,6 +177,8 @@ def _http_error(decision: Decision, attempts: int) -> Answer:
                              f"{error.message}; an operator must fix the upstream's credential",
                              "upstream_error", code="upstream_auth_failed", retryable=False)
         return Answer(AnswerKind.HTTP_ERROR, RequestOutcome.UPSTREAM_ERROR, error.message, auth)
+    if error is not None and error.code == OVERFLOW_CODE and error.type == "invalid_request_error":
+        return Answer(AnswerKind.HTTP_ERROR, RequestOutcome.UPSTREAM_ERROR, error.message, error)
     if error is not None and not error.retryable:
         passed = UpstreamError(error.status, f"upstream error: {error.message}", error.type, code=error.code,
                                retryable=False)

@@ -14,8 +14,8 @@ BROKEN = Decision(Outcome.RETRY, None, (Finding(FindingKind.ARGUMENTS_NOT_JSON, 
                   reason="arguments can no longer become valid JSON")
 TIMEOUT = Decision(Outcome.UPSTREAM_ERROR, None, reason="no data",
                    error=UpstreamError(504, "no data", "upstream_timeout"))
-REFUSED = Decision(Outcome.UPSTREAM_ERROR, None, reason="context length exceeded",
-                   error=UpstreamError(400, "context length exceeded", "invalid_request_error", retryable=False))
+REFUSED = Decision(Outcome.UPSTREAM_ERROR, None, reason="messages.0.content: field required",
+                   error=UpstreamError(400, "messages.0.content: field required", "invalid_request_error", retryable=False))
 AUTH = Decision(Outcome.UPSTREAM_ERROR, None, reason="bad key", error=UpstreamError(401, "bad key", retryable=False))
 MESSAGE, ERROR = GuardPolicy(), GuardPolicy(exhaustion=Exhaustion.ERROR)
 
@@ -76,7 +76,7 @@ def test_it_passes_a_request_error_on_with_its_status() -> None:
         AnswerKind.HTTP_ERROR, 400, "invalid_request_error")
     after = answer(REFUSED, committed=True)
     assert after.kind is AnswerKind.STREAM_ERROR and after.error is REFUSED.error
-    assert after.audit_error == "context length exceeded"
+    assert after.audit_error == "messages.0.content: field required"
 
 
 def test_it_never_blames_the_clients_key_for_the_upstreams_credential() -> None:
