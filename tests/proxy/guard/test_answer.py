@@ -15,7 +15,8 @@ BROKEN = Decision(Outcome.RETRY, None, (Finding(FindingKind.ARGUMENTS_NOT_JSON, 
 TIMEOUT = Decision(Outcome.UPSTREAM_ERROR, None, reason="no data",
                    error=UpstreamError(504, "no data", "upstream_timeout"))
 REFUSED = Decision(Outcome.UPSTREAM_ERROR, None, reason="messages.0.content: field required",
-                   error=UpstreamError(400, "messages.0.content: field required", "invalid_request_error", retryable=False))
+                   error=UpstreamError(400, "messages.0.content: field required", "invalid_request_error",
+                                       retryable=False))
 AUTH = Decision(Outcome.UPSTREAM_ERROR, None, reason="bad key", error=UpstreamError(401, "bad key", retryable=False))
 MESSAGE, ERROR = GuardPolicy(), GuardPolicy(exhaustion=Exhaustion.ERROR)
 
