@@ -23,9 +23,8 @@ TOOL = {"type": "function", "function": {"name": "read_file", "description": "Re
 
 def test_claude_codes_sdk_gets_anthropics_prompt_is_too_long(make_tenant: Any) -> None:
     tenant = make_tenant()
-    client = anthropic.Anthropic(base_url=tenant.base_url.removesuffix("/v1"), api_key=tenant.api_key,
-                                 max_retries=0, timeout=30)
-    with pytest.raises(anthropic.BadRequestError) as caught:
+    with anthropic.Anthropic(base_url=tenant.base_url.removesuffix("/v1"), api_key=tenant.api_key,
+                             max_retries=0, timeout=30) as client, pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model=OVERFLOW, max_tokens=32000, messages=[{"role": "user", "content": LONG}],
                                tools=[{"name": "read_file", "description": "Read a file",
                                        "input_schema": TOOL["function"]["parameters"]}])  # type: ignore
@@ -39,11 +38,11 @@ def test_claude_codes_sdk_gets_anthropics_prompt_is_too_long(make_tenant: Any) -
 @pytest.mark.parametrize("stream", [True, False])
 def test_openai_clients_get_the_context_length_exceeded_code(make_tenant: Any, stream: bool) -> None:
     tenant = make_tenant()
-    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30)
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=OVERFLOW, messages=[{"role": "user", "content": LONG}],
-                                       tools=[TOOL], stream=stream)  # type: ignore[call-overload]
-    assert caught.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as responses:
-        client.responses.create(model=OVERFLOW, input=LONG, stream=stream)  # type: ignore[call-overload]
-    assert responses.value.code == "context_length_exceeded"
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=OVERFLOW, messages=[{"role": "user", "content": LONG}],
+                                           tools=[TOOL], stream=stream)  # type: ignore[call-overload]
+        assert caught.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as responses:
+            client.responses.create(model=OVERFLOW, input=LONG, stream=stream)  # type: ignore[call-overload]
+        assert responses.value.code == "context_length_exceeded"
