@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from alerts.models import AlertDelivery, AlertWebhook
-from alerts.tasks import alert_test
+from alerts.tasks import alert_test, alert_test_refusal
 from audit.display import pill
 from tenants.admin import TenantFilter, TenantScopedAdmin
 from tenants.models import validate_header_value
@@ -101,6 +101,10 @@ class AlertWebhookAdmin(TenantScopedAdmin[AlertWebhook]):
     def send_test(self, request: HttpRequest, queryset: Any) -> None:
         for hook in queryset:
             if self.has_change_permission(request, hook):
+                refusal = alert_test_refusal(webhook=hook)
+                if refusal is not None:
+                    self.message_user(request, f"Not sent: {refusal}.", level=messages.WARNING)
+                    continue
                 alert_test(webhook=hook)
                 self.message_user(request, f"Test alert to {hook.name} queued; see the delivery log.")
 
@@ -118,8 +122,12 @@ class AlertWebhookAdmin(TenantScopedAdmin[AlertWebhook]):
             raise Http404
         if not self.has_change_permission(request, hook):
             raise PermissionDenied
-        alert_test(webhook=hook)
-        messages.success(request, f"Test alert to {hook.name} queued.")
+        refusal = alert_test_refusal(webhook=hook)
+        if refusal is not None:
+            messages.warning(request, f"Not sent: {refusal}.")
+        else:
+            alert_test(webhook=hook)
+            messages.success(request, f"Test alert to {hook.name} queued.")
         return HttpResponseRedirect(reverse("admin:alerts_alertdelivery_changelist") + f"?webhook={hook.pk}")
 
 

@@ -85,6 +85,7 @@ class AlertDelivery(models.Model):
         CORRUPTION = "corruption-rate"
         EXHAUSTED = "exhausted"
         LOOPS = "loops-broken"
+        BUDGET = "money-budget"
         TEST = "test"
 
     class Status(models.TextChoices):

@@ -19,6 +19,8 @@ from tenants.models import Upstream
 #: Request outcomes that mean "needed a retry" (request-level corruption, as the dashboard and Prometheus).
 CORRUPTED = (ProxyRequest.Outcome.RECOVERED, ProxyRequest.Outcome.EXHAUSTED)
 AGENT_LOOP = "agent-loop"
+#: The finding a money budget leaves once per window when it passes its soft threshold (``proxy.policy.limits``).
+BUDGET_THRESHOLD = "money-budget-threshold"
 
 Firing = tuple[str, str, dict[str, Any]]
 
@@ -51,6 +53,38 @@ def _corruption(webhook: AlertWebhook, since: datetime, now: datetime) -> list[F
     return out
 
 
+def _budgets(webhook: AlertWebhook, since: datetime, now: datetime) -> list[Firing]:
+    """One alert per money budget of the tenant that passed its soft threshold in the window (always on:
+    the threshold is the budget holder's ``money_soft_percent``, else ``MONEY_SOFT_PERCENT``). The subject
+    names the budget as the tenant's admin knows it: "the tenant's daily budget", "member alice's weekly
+    budget", "key tr-abc123's monthly budget" (the finding's detail speaks to the client)."""
+    out = []
+    seen: set[str] = set()
+    rows = (Finding.objects.filter(tenant_id_copy=webhook.tenant_id, created__gte=since, created__lt=now,
+                                   kind=BUDGET_THRESHOLD).order_by("created")
+            .values_list("detail", "request__member_username", "request__api_key__prefix"))
+    for detail, member, prefix in rows:
+        subject = _budget_subject(detail.split(" passed ")[0], member or "", prefix or "")
+        if subject in seen:
+            continue
+        seen.add(subject)
+        out.append((AlertDelivery.Rule.BUDGET.value, subject,
+                    alert(webhook, AlertDelivery.Rule.BUDGET.value, subject, detail, value=None, threshold=None,
+                          now=now)))
+    return out
+
+
+def _budget_subject(budget: str, member: str, prefix: str) -> str:
+    """``budget`` ("your personal daily budget", "this key's weekly budget", "the tenant's ...") named for the
+    tenant's admin, at most 100 characters."""
+    if budget.startswith("your personal ") and member:
+        budget = f"member {member}'s {budget.removeprefix('your personal ')}"
+    elif budget.startswith("this key's ") and prefix:
+        period = budget.removeprefix("this key's ")
+        budget = f"key tr-{prefix}'s {period}"
+    return budget[:100] or "money budget"
+
+
 def _counted(webhook: AlertWebhook, rule: str, over: int | None, count: int, what: str, now: datetime) -> list[Firing]:
     if over is None or count <= over:
         return []
@@ -71,4 +105,4 @@ def firing(webhook: AlertWebhook, now: datetime) -> list[Firing]:
         loops = Finding.objects.filter(tenant_id_copy=webhook.tenant_id, created__gte=since, created__lt=now,
                                        kind=AGENT_LOOP).count()
         out += _counted(webhook, AlertDelivery.Rule.LOOPS.value, webhook.loops_over, loops, "agent loops broken", now)
-    return out
+    return out + _budgets(webhook, since, now)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import random
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -87,6 +88,20 @@ def alerts_evaluate(*, now: datetime | None = None) -> list[int]:
                 if not cooling(hook, rule, subject, now):
                     created.append(_record(hook, rule, subject, payload).pk)
     return created
+
+
+def alert_test_refusal(*, webhook: AlertWebhook, now: datetime | None = None) -> str | None:
+    """Why a test alert to ``webhook`` may not be sent now (the admin's button is rate limited: one per
+    webhook per ``ALERT_TEST_INTERVAL_SECONDS``, ``ALERT_TEST_PER_TENANT_PER_MINUTE`` per tenant), or None."""
+    now = now or timezone.now()
+    tests = AlertDelivery.objects.filter(rule=AlertDelivery.Rule.TEST.value)
+    interval = settings.ALERT_TEST_INTERVAL_SECONDS
+    if tests.filter(webhook=webhook, created__gt=now - timedelta(seconds=interval)).exists():
+        return f"a test alert to {webhook.name} was queued less than {interval} s ago; see the delivery log"
+    per_minute = settings.ALERT_TEST_PER_TENANT_PER_MINUTE
+    if tests.filter(tenant_id=webhook.tenant_id, created__gt=now - timedelta(minutes=1)).count() >= per_minute:
+        return f"this tenant queued {per_minute} test alerts in the last minute; try again in a minute"
+    return None
 
 
 @transaction.atomic

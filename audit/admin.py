@@ -21,7 +21,7 @@ from django.contrib.admin import ModelAdmin, TabularInline
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import models
-from django.db.models import Case, Exists, OuterRef, Q, QuerySet, Subquery, When
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -30,7 +30,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from audit import views
-from audit.display import PROBLEM_OUTCOMES, USABLE_OUTCOMES, duration, pill, tokens, wasted_tokens
+from audit.display import (
+    PROBLEM_OUTCOMES,
+    attempt_ordinal,
+    duration,
+    pill,
+    tokens,
+    wasted_tokens,
+    wasted_usage_unknown,
+)
 from audit.fragments import CSS, render_context, render_fragment, render_frames, split_frames
 from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from audit.report_services import report_delete
@@ -249,6 +257,20 @@ def _parse_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
+#: The short id the lists show (``short_id``, ``request_link``): the first 8 hex digits of the request id.
+SHORT_ID = 8
+_HEX = frozenset("0123456789abcdef")
+
+
+def _id_range(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The request ids starting with ``text``, ``SHORT_ID`` to 31 hex digits (dashes ignored), as an
+    inclusive ``(lowest, highest)`` range: a range scan on the primary key, never a LIKE."""
+    digits = text.strip().lower().replace("-", "")
+    if not SHORT_ID <= len(digits) < 32 or not set(digits) <= _HEX:
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
 def _admin_link(obj: models.Model, text: str) -> SafeString:
     opts = obj._meta
     return format_html('<a href="{}">{}</a>', reverse(f"admin:{opts.app_label}_{opts.model_name}_change",
@@ -270,7 +292,7 @@ class FindingInline(ReadOnlyInline[Finding]):
 
     @admin.display(description="attempt")
     def attempt_number(self, obj: Finding) -> Any:
-        return obj.attempt.number if obj.attempt is not None else "–"
+        return attempt_ordinal(obj.attempt.number) if obj.attempt is not None else "–"
 
 
 def _short(text: str, width: int) -> SafeString:
@@ -282,15 +304,6 @@ def _short(text: str, width: int) -> SafeString:
 def _moment(when: Any) -> SafeString:
     """A compact UTC time (``01-02 13:04:05``), the full one in the tooltip."""
     return format_html('<span title="{}">{}</span>', when.isoformat(), when.strftime("%m-%d %H:%M:%S"))
-
-
-def _wasted_gap() -> Case:
-    """True when a wasted attempt of the request (every attempt but the answer's) has unknown usage:
-    the upstream answered 200 without reporting any. One EXISTS on (request, number) per shown row."""
-    missing = Attempt.objects.filter(request=OuterRef("pk"), upstream_status=200, prompt_tokens=0, completion_tokens=0)
-    before_answer = Exists(missing.filter(number__lt=OuterRef("attempts") - 1))
-    return Case(When(outcome__in=USABLE_OUTCOMES, then=before_answer), default=Exists(missing),
-                output_field=models.BooleanField())
 
 
 @admin.register(ProxyRequest)
@@ -305,7 +318,8 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
                    ("created", admin.DateFieldListFilter))
     list_select_related = ("tenant", "upstream")
     search_fields = ("=model",)
-    search_help_text = "A request id (the x-request-id a client saw) or an exact model name."
+    search_help_text = ("A request id (the x-request-id a client saw, or its first 8 characters as the lists show) "
+                        "or an exact model name.")
     inlines = (FindingInline,)
     readonly_fields = ("outcome_pill", "ttft", "total", "wasted_time", "token_counts", "wasted", "timeline",
                        "delivered_view", "body_capture")
@@ -321,11 +335,11 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProxyRequest]:
-        return super().get_queryset(request).annotate(usage_gap=_wasted_gap())
+        return super().get_queryset(request).annotate(usage_gap=wasted_usage_unknown())
 
     @admin.display(description="request", ordering="id")
     def short_id(self, obj: ProxyRequest) -> str:
-        return str(obj.pk)[:8]
+        return str(obj.pk)[:SHORT_ID]
 
     @admin.display(description="time (UTC)", ordering="created")
     def when(self, obj: ProxyRequest) -> SafeString:
@@ -396,6 +410,9 @@ class ProxyRequestAdmin(AuditAdmin[ProxyRequest]):
         request_id = _parse_uuid(search_term)
         if request_id is not None:
             return queryset.filter(pk=request_id), False
+        ids = _id_range(search_term)
+        if ids is not None:
+            return queryset.filter(pk__range=ids), False
         return queryset.filter(model=search_term.strip()), False
 
     def get_urls(self) -> list[URLPattern]:
@@ -430,7 +447,7 @@ class FindingAdmin(AuditAdmin[Finding]):
     list_select_related = ("attempt",)
     ordering = ("-created",)
     search_fields = ("=tool_name",)
-    search_help_text = "A request id or an exact tool name."
+    search_help_text = "A request id (or its first 8 characters) or an exact tool name."
     fields = ("request_link", "attempt_number", "created", "kind", "severity", "action", "tool_name", "choice",
               "slot", "frame", "byte_offset", "detail", "offending_frame", "context")
     readonly_fields = ("request_link", "attempt_number", "offending_frame", "context")
@@ -457,11 +474,11 @@ class FindingAdmin(AuditAdmin[Finding]):
     @admin.display(description="request")
     def request_link(self, obj: Finding) -> SafeString:
         return format_html('<a href="{}">{}</a>', reverse("admin:audit_proxyrequest_change", args=[obj.request_id]),
-                           str(obj.request_id)[:8])
+                           str(obj.request_id)[:SHORT_ID])
 
     @admin.display(description="attempt")
     def attempt_number(self, obj: Finding) -> Any:
-        return obj.attempt.number if obj.attempt is not None else "–"
+        return attempt_ordinal(obj.attempt.number) if obj.attempt is not None else "–"
 
     @admin.display(description="offending frame")
     def offending_frame(self, obj: Finding) -> SafeString:
@@ -483,6 +500,9 @@ class FindingAdmin(AuditAdmin[Finding]):
         request_id = _parse_uuid(search_term)
         if request_id is not None:
             return queryset.filter(request_id=request_id), False
+        ids = _id_range(search_term)
+        if ids is not None:
+            return queryset.filter(request_id__gte=ids[0], request_id__lte=ids[1]), False
         return queryset.filter(tool_name=search_term.strip()), False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Finding]:
@@ -513,11 +533,11 @@ class FragmentAdmin(AuditAdmin[Fragment]):
     def request_link(self, obj: Fragment) -> SafeString:
         request_id = obj.attempt.request_id
         return format_html('<a href="{}">{}</a>', reverse("admin:audit_proxyrequest_change", args=[request_id]),
-                           str(request_id)[:8])
+                           str(request_id)[:SHORT_ID])
 
     @admin.display(description="attempt")
     def attempt_number(self, obj: Fragment) -> int:
-        return obj.attempt.number
+        return attempt_ordinal(obj.attempt.number)
 
     @admin.display(description="frames")
     def frames(self, obj: Fragment) -> SafeString:

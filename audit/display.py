@@ -6,6 +6,11 @@ Everything returned is escaped markup (``format_html``) or plain text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import models
+from django.db.models import Case, Exists, OuterRef, Q, When
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -58,12 +63,39 @@ def tokens(count: int, *, known: bool) -> str:
     return f"{count:,}" if known else "unknown"
 
 
-def wasted_tokens(count: int, gaps: int) -> str:
-    """A request's wasted completion tokens given ``gaps`` wasted attempts without usage:
-    ``120``, ``≥ 120`` (some unknown) or ``unknown`` (none known)."""
+def wasted_usage_unknown() -> Case:
+    """The one rule for a request's wasted tokens (``ProxyRequest.wasted_completion_tokens``): True when one of
+    its wasted attempts (every attempt but the answer's) answered 200 without reporting usage, so the figure
+    counts only the others. A boolean expression on ``ProxyRequest`` rows (``filter``, ``annotate``, an
+    aggregate's ``filter``): one EXISTS per row. The request page, the lists, the dashboard, the usage page
+    and the CSVs all use it, through :func:`wasted_tokens`."""
+    missing = Attempt.objects.filter(Q(usage_estimated=True) | Q(prompt_tokens=0, completion_tokens=0),
+                                     request=OuterRef("pk"), upstream_status=200)  # estimated: not reported
+    before_answer = Exists(missing.filter(number__lt=OuterRef("attempts") - 1))
+    return Case(When(outcome__in=USABLE_OUTCOMES, then=before_answer), default=Exists(missing),
+                output_field=models.BooleanField())
+
+
+def wasted_tokens(count: int, gaps: int, *, grouped: bool = True) -> str:
+    """Wasted completion tokens given ``gaps``, the requests among them whose wasted usage is unknown
+    (:func:`wasted_usage_unknown`): the number when every one is known, ``≥ N`` when only ``N`` of it is,
+    ``unknown`` when none is. ``grouped``: thousands separators (pages); off for CSV cells."""
+    number = f"{count:,}" if grouped else str(count)
     if not gaps:
-        return f"{count:,}"
-    return f"≥ {count:,}" if count else "unknown"
+        return number
+    return f"≥ {number}" if count else "unknown"
+
+
+def wasted_figure(row: Mapping[str, Any], column: str = "wasted_completion_tokens", *, grouped: bool = True) -> str:
+    """:func:`wasted_tokens` of a figures row (dashboard, usage page, CSVs): its ``column`` (the wasted output
+    tokens, or ``wasted_prompt_tokens``) and ``wasted_unknown_requests`` (0 when the row has none)."""
+    return wasted_tokens(int(row.get(column) or 0), int(row.get("wasted_unknown_requests") or 0), grouped=grouped)
+
+
+def attempt_ordinal(number: int) -> int:
+    """The 1-based attempt number shown everywhere (timeline, live feed, findings, fragments, CSV) from
+    ``Attempt.number``, which is 0-based in call order."""
+    return number + 1
 
 
 def frames(attempt: Attempt) -> str:
@@ -74,5 +106,5 @@ def frames(attempt: Attempt) -> str:
     return f"{attempt.frames:,}"
 
 
-__all__ = ["COLOURS", "PROBLEM_OUTCOMES", "USABLE_OUTCOMES", "duration", "frames", "pill", "tokens",
-           "usage_missing", "wasted_tokens"]
+__all__ = ["COLOURS", "PROBLEM_OUTCOMES", "USABLE_OUTCOMES", "attempt_ordinal", "duration", "frames", "pill", "tokens",
+           "usage_missing", "wasted_figure", "wasted_tokens", "wasted_usage_unknown"]

@@ -23,17 +23,21 @@ from django.template.loader import render_to_string
 
 from audit.chart_links import ChartLinks
 from audit.charts import figure_charts, upstream_labels
+from audit.display import attempt_ordinal, wasted_figure, wasted_tokens, wasted_usage_unknown
 from audit.reports import Figures, Scope
 
 REQUEST_COLUMNS = (
-    "id", "created", "finished", "tenant", "upstream", "model", "upstream_model", "client_protocol",
+    "id", "created", "finished", "tenant", "member", "upstream", "model", "upstream_model", "client_protocol",
     "client_user_agent", "path", "outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens",
-    "completion_tokens", "wasted_completion_tokens", "wasted_ms", "findings", "error",
+    "completion_tokens", "wasted_completion_tokens", "wasted_ms", "cache_read_tokens", "cache_write_tokens",
+    "reasoning_tokens", "usage_estimated", "cost_usd", "delivered_usd", "wasted_usd", "unpriced", "findings", "error",
 )
 FINDING_COLUMNS = (
     "id", "request_id", "attempt", "created", "tenant", "upstream", "model", "kind", "severity", "action",
     "tool_name", "choice", "slot", "frame", "byte_offset", "detail",
 )
+#: Token columns of figures rows that follow the wasted-usage rule (``wasted_cells``).
+WASTED_TOKEN_COLUMNS = ("wasted_prompt_tokens", "wasted_completion_tokens")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 #: A line break followed by a character that would start a formula on a line of its own.
 _BREAK_BEFORE_FORMULA = re.compile(r"(\r\n|\r|\n)(?=[=+\-@\t])")
@@ -75,13 +79,24 @@ def write_rows(out: TextIO, columns: tuple[str, ...], rows: Iterable[dict[str, A
     return _write(out, columns, rows)
 
 
+def wasted_cells(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Figures rows with their wasted token columns as CSV cells by the pages' rule (``audit.display.wasted_figure``:
+    the number, ``≥ N`` or ``unknown``; no thousands separators)."""
+    for row in rows:
+        cells = {c: wasted_figure(row, c, grouped=False) for c in WASTED_TOKEN_COLUMNS if c in row}
+        yield {**row, **cells}
+
+
 def _request_rows(scope: Scope) -> Iterator[dict[str, Any]]:
     rows = (scope.requests().order_by("created", "id")
-            .annotate(tenant_slug=F("tenant__slug"), upstream_name=F("upstream__name"), n_findings=Count("findings"))
-            .values(*[c for c in REQUEST_COLUMNS if c not in ("tenant", "upstream", "findings")],
-                    "tenant_slug", "upstream_name", "n_findings"))
+            .annotate(tenant_slug=F("tenant__slug"), upstream_name=F("upstream__name"), n_findings=Count("findings"),
+                      wasted_unknown=wasted_usage_unknown())
+            .values(*[c for c in REQUEST_COLUMNS if c not in ("tenant", "member", "upstream", "findings")],
+                    "tenant_slug", "upstream_name", "n_findings", "member_username", "wasted_unknown"))
     for row in rows.iterator(chunk_size=_CHUNK):
-        yield {**row, "tenant": row["tenant_slug"], "upstream": row["upstream_name"], "findings": row["n_findings"]}
+        wasted = wasted_tokens(row["wasted_completion_tokens"], int(row["wasted_unknown"]), grouped=False)
+        yield {**row, "tenant": row["tenant_slug"], "member": row["member_username"], "upstream": row["upstream_name"],
+               "findings": row["n_findings"], "wasted_completion_tokens": wasted}
 
 
 def write_requests_csv(scope: Scope, out: TextIO) -> int:
@@ -96,7 +111,8 @@ def _finding_rows(scope: Scope) -> Iterator[dict[str, Any]]:
                     tenant_slug=F("request__tenant__slug"), upstream_name=F("request__upstream__name"),
                     request_model=F("request__model")))
     for row in rows.iterator(chunk_size=_CHUNK):
-        yield {**row, "attempt": row["attempt_number"], "tenant": row["tenant_slug"],
+        number = row["attempt_number"]
+        yield {**row, "attempt": None if number is None else attempt_ordinal(number), "tenant": row["tenant_slug"],
                "upstream": row["upstream_name"], "model": row["request_model"]}
 
 

@@ -17,6 +17,16 @@ def thousands(value: float | int | None) -> str:
     return f"{float(value):,.3f}".rstrip("0").rstrip(".")
 
 
+def usd(value: float | int | None) -> str:
+    """USD for people: ``$12.34`` from a cent up, ``$0.000025`` below (six decimals), ``–`` when unknown."""
+    if value is None:
+        return "–"
+    amount = float(value)
+    if amount >= 0.01 or amount == 0:
+        return f"${amount:,.2f}"
+    return f"${amount:.6f}".rstrip("0").rstrip(".") if amount >= 0.000001 else "<$0.000001"
+
+
 def duration(ms: float | None) -> str:
     """Milliseconds for people: ``12.3 ms`` (at most one decimal) below a second, then ``1.23 s``,
     ``12.3 s``, ``123 s``; ``–`` when unknown."""

@@ -8,8 +8,12 @@ turns those records into incidents, without the database (Postgres may be what i
 - ``loop-broken``: a finding of kind ``agent-loop`` (the loop breaker's), in any record;
 - ``retry-budget``: a finding of kind ``retry-budget-spent`` (a tenant's retry budget stopped a retry,
   ``proxy.policy.retry_budget``); one incident per tenant per ``BUDGET_QUIET`` seconds;
+- ``money-budget``: a finding of kind ``money-budget-threshold`` (a money budget passed its soft threshold;
+  one per budget and window by construction, ``proxy.policy.limits``);
 - ``upstream-unreachable``: ``BURST_COUNT`` attempts to one upstream within ``BURST_WINDOW`` seconds that
   could not connect, timed out or got a 5xx; one incident per burst (quiet for a window after it);
+- ``circuit-open`` / ``circuit-closed`` / ``key-disabled``: a routing state change (``proxy.routing``; a
+  ``routing`` record), as journaled; these also go to the operator's webhook (``ROUTING_KINDS``);
 - ``journal-not-draining`` / ``journal-draining``: the writer's database state changed (``journal_state``).
 
 An incident is a plain dict (JSON as sent over the WebSocket): ``kind``, ``severity`` (``error``,
@@ -29,6 +33,8 @@ from typing import Any
 AGENT_LOOP = "agent-loop"
 #: The finding kind of a retry the tenant's retry budget refused.
 RETRY_BUDGET_SPENT = "retry-budget-spent"
+#: The finding kind of a money budget past its soft threshold.
+MONEY_BUDGET_THRESHOLD = "money-budget-threshold"
 #: Seconds after a ``retry-budget`` incident during which the same tenant's are not repeated.
 BUDGET_QUIET = 600.0
 #: Attempt findings that mean the upstream could not be reached or did not answer in time.
@@ -39,11 +45,16 @@ DETAIL_CAP = 300
 #: Upstreams whose recent failures are remembered at once (oldest forgotten first).
 MAX_TRACKED = 1000
 
+#: The incident kinds of routing records (``audit.records.routing_changed``).
+ROUTING_KINDS = frozenset({"circuit-open", "circuit-closed", "key-disabled"})
+
 Incident = dict[str, Any]
 #: (kind, label) of every incident kind, in the order the live page offers them.
 KINDS = (("exhausted", "exhausted"), ("retry", "recovered by retry"), ("loop-broken", "loop broken"),
-         ("retry-budget", "retry budget spent"),
-         ("upstream-unreachable", "upstream unreachable"), ("journal-not-draining", "journal not draining"),
+         ("retry-budget", "retry budget spent"), ("money-budget", "money budget nearly spent"),
+         ("upstream-unreachable", "upstream unreachable"), ("circuit-open", "circuit opened"),
+         ("circuit-closed", "circuit closed"), ("key-disabled", "upstream key disabled"),
+         ("journal-not-draining", "journal not draining"),
          ("journal-draining", "journal draining again"))
 
 
@@ -106,13 +117,25 @@ class Detector:
             tenant = _int(req.get("tenant_id"))
         if tenant is None:
             return []
+        if kind == "routing":
+            return self._routing(record, tenant, rid)
         out = self._loops(record, tenant, rid)
         out.extend(self._budget(record, tenant, rid))
+        out.extend(self._money(record, tenant, rid))
         if kind == "finish":
             out.extend(self._finished(record, tenant, rid))
         elif kind == "attempt":
             out.extend(self._attempt(record, tenant, rid))
         return out
+
+    def _routing(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
+        event = record.get("event")
+        if event not in ROUTING_KINDS:
+            return []
+        severity = record.get("severity") if record.get("severity") in ("error", "warning", "info") else "warning"
+        return [incident(str(event), str(severity), str(record.get("title") or event), tenant_id=tenant,
+                         upstream_id=_int(record.get("upstream_id")), detail=str(record.get("detail") or ""),
+                         at=_at(record))]
 
     def _loops(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
         loops = [f for f in _findings(record) if f.get("kind") == AGENT_LOOP]
@@ -134,6 +157,13 @@ class Detector:
         return [incident("retry-budget", "warning", "The tenant's retry budget is spent: broken answers get one "
                          "attempt", tenant_id=tenant, request_id=rid, upstream_id=upstream,
                          detail=str(spent[0].get("detail") or ""), at=now)]
+
+    def _money(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
+        if record.get("t") != "start":
+            return []
+        return [incident("money-budget", "warning", "A money budget is nearly spent", tenant_id=tenant,
+                         request_id=rid, detail=str(f.get("detail") or ""), at=_at(record.get("req") or {}))
+                for f in _findings(record) if f.get("kind") == MONEY_BUDGET_THRESHOLD]
 
     def _finished(self, record: dict[str, Any], tenant: int, rid: str) -> list[Incident]:
         req, res = record.get("req") or {}, record.get("res") or {}

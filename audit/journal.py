@@ -3,9 +3,9 @@
 Every audit record (a request started, an attempt with its findings and raw body, a request
 finished) is appended at once, as one JSON line, to this process's journal file in ``JOURNAL_DIR``.
 An appended line is in the kernel's page cache the moment ``os.write`` returns, so it survives the
-process dying (``kill -9``); the writer thread (``audit.journal_writer``) fsyncs the file every
-``JOURNAL_FSYNC_SECONDS`` (a group fsync bounds what a machine crash can lose) and moves the records
-into the database in batches.
+process dying (``kill -9``); the writer (``audit.journal_writer``: the host's writer process, or a thread
+of this process with ``JOURNAL_WRITER=thread``) fsyncs the file every ``JOURNAL_FSYNC_SECONDS`` (a group
+fsync bounds what a machine crash can lose) and moves the records into the database in batches.
 
 File: ``<host>-<pid>-<start unix ms>.journal``, held under an exclusive ``flock`` for the process's
 life, with a sidecar ``.offset`` (the byte offset up to which the database has every record). A
@@ -39,6 +39,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".journal"
+#: The name tag of a journal drained by the host's writer process (``audit.journal_writer.HostWriter``) while its
+#: serving process lives; a journal without it is drained by its own process's writer thread.
+SHARED = ".shared"
 #: Keys of an attempt record that are dropped first when the journal is over its bound.
 _BULKY = ("body",)
 
@@ -96,21 +99,35 @@ def write_offset(path: Path, offset: int) -> None:
 class Journal:
     """This process's journal file: ``append`` (event loop, never raises), the backlog and drop counts.
 
-    ``max_bytes`` bounds the backlog (see the module docstring). ``drained`` is advanced by the writer.
+    ``max_bytes`` bounds the backlog (see the module docstring). ``drained`` is advanced by the writer: the
+    thread's ``mark_drained``, or, with ``shared`` (the host's writer process drains it), ``refresh_drained``
+    from the ``.offset`` sidecar that process writes; a shared journal is rotated (``rotate``), never truncated,
+    since its reader is another process.
     """
 
-    def __init__(self, directory: Path, *, max_bytes: int) -> None:
+    def __init__(self, directory: Path, *, max_bytes: int, shared: bool = False) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}{SUFFIX}"
-        self.path = directory / name
+        self.directory = directory
+        self.shared = shared
         self.max_bytes = max_bytes
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._generation = 0
+        self.path = self._name()
+        self._fd = self._open(self.path)
         self._lock = threading.Lock()
         self.size = 0  # bytes appended since the file was last emptied
         self.drained = 0  # bytes of the file the database has
         self.dropped: dict[str, int] = {}
         self.appended = 0  # records appended (for tests and metrics)
+
+    def _name(self) -> Path:
+        tag = f"-{self._generation}{SHARED}" if self.shared else ""
+        return self.directory / f"{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}{tag}{SUFFIX}"
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
 
     @property
     def backlog(self) -> int:
@@ -172,6 +189,37 @@ class Journal:
                 write_offset(self.path, 0)
                 return
         write_offset(self.path, offset)
+
+    def refresh_drained(self) -> int:
+        """A shared journal: take the offset its writer process committed (the ``.offset`` sidecar); returns the
+        backlog in bytes. Never touches the database (a small file read)."""
+        offset = read_offset(self.path)
+        with self._lock:
+            if offset <= self.size:
+                self.drained = max(self.drained, offset)
+            return self.size - self.drained
+
+    def rotate(self, *, threshold: int = 1 << 20) -> bool:
+        """A shared journal the database has entirely and that is past ``threshold`` bytes: go on in a new file
+        and delete this one (the writer process has committed every record of it, so nothing is lost; it
+        forgets a file that is gone). True when it rotated. Bounds the disk as ``mark_drained``'s truncation."""
+        with self._lock:
+            if self._fd < 0 or self.drained != self.size or self.size <= threshold:
+                return False
+            old_path, old_fd = self.path, self._fd
+            self._generation += 1
+            path = self._name()
+            try:
+                self._fd = self._open(path)
+            except OSError:
+                logger.exception("journal: cannot open a new file; %s keeps growing", old_path.name)
+                return False
+            self.path = path
+            self.size = self.drained = 0
+        old_path.unlink(missing_ok=True)  # the journal first: a writer never sees a journal without its offset
+        old_path.with_suffix(".offset").unlink(missing_ok=True)
+        os.close(old_fd)
+        return True
 
     def close(self) -> None:
         """Release the file (its lock goes with it: a later process may drain what is left)."""

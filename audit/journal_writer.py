@@ -1,4 +1,11 @@
-"""The journal writer: a thread per proxy process that moves journal records into the database.
+"""The journal writer: what moves journal records into the database, in the serving process or beside it.
+
+Where it runs is ``JOURNAL_WRITER`` (``configure``, called by ``manage.py serve``): with ``process`` or
+``external`` the serving process only appends to a shared journal (``Journal(shared=True)``) and runs a
+``Keeper`` thread that never touches the database (it reads the committed offset and the writer's state from
+``JOURNAL_DIR``, and rotates the file); the host's writer process (``audit.host_writer``: a child of
+``manage.py serve``, or ``manage.py journal_writer``) does the rest. With ``thread`` (any process that did not
+configure otherwise: tests, a shell) it is the ``JournalWriter`` thread below, in the process itself.
 
 Every ``JOURNAL_BATCH_SECONDS`` it fsyncs this process's journal (at most every
 ``JOURNAL_FSYNC_SECONDS``), reads the records appended since the last batch, and writes them in one
@@ -22,6 +29,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +41,7 @@ from django.db.utils import DataError, IntegrityError, OperationalError
 from django.utils import timezone
 
 from audit import incident_feed, services
-from audit.incidents import Detector, journal_state
+from audit.incidents import ROUTING_KINDS, Detector, journal_state
 from audit.journal import SUFFIX, Journal, Line, lock_orphan, read_lines, read_offset
 from infra import operator_alert
 from infra.dbcall import bounded
@@ -42,26 +50,36 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _journal: Journal | None = None
-_writer: JournalWriter | None = None
+_writer: JournalWriter | Keeper | None = None
+_shared = False
+#: The writer process's state file in ``JOURNAL_DIR`` (``audit.host_writer``), read by the ``Keeper``.
+STATE_FILE = "writer.state"
+
+
+def configure(*, shared: bool) -> None:
+    """Before the first ``journal()``: ``shared`` True when the host's writer process drains this process's
+    journal (``JOURNAL_WRITER`` ``process`` / ``external``), False for a writer thread here (the default)."""
+    global _shared
+    _shared = shared
 
 
 def journal() -> Journal:
-    """This process's journal (created, with its writer thread, on first use)."""
+    """This process's journal (created, with its writer thread or its keeper, on first use)."""
     global _journal, _writer
     if _journal is not None:
         return _journal
     with _lock:
         if _journal is None:
             directory = Path(settings.JOURNAL_DIR)
-            _journal = Journal(directory, max_bytes=settings.JOURNAL_MAX_BYTES)
-            _writer = JournalWriter(_journal, directory)
+            _journal = Journal(directory, max_bytes=settings.JOURNAL_MAX_BYTES, shared=_shared)
+            _writer = Keeper(_journal) if _shared else JournalWriter(_journal, directory)
             _writer.start()
             atexit.register(shutdown)
     return _journal
 
 
-def writer() -> JournalWriter | None:
-    """The running writer, if any record was journaled in this process."""
+def writer() -> JournalWriter | Keeper | None:
+    """The running writer (or keeper), if any record was journaled in this process."""
     return _writer
 
 
@@ -86,18 +104,108 @@ class Status:
     dropped: int = 0
 
 
-class JournalWriter(threading.Thread):
+class _JournalThread(threading.Thread):
+    """What the keeper and the writer thread share: the journal they serve, the database state they report
+    (``database`` ok/down/unknown and the last ``error``), a wake-up event and a stop event."""
+
+    def __init__(self, journal: Journal, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.journal = journal
+        self.database = "unknown"
+        self.error = ""
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+
+    def status(self) -> Status:
+        """The database state and this process's backlog (cheap; safe from any thread)."""
+        return Status(self.database, self.journal.backlog, self.error, sum(self.journal.dropped.values()))
+
+    def kick(self) -> None:
+        """Look now instead of at the next interval (tests, shutdown)."""
+        self._wake.set()
+
+
+class Keeper(_JournalThread):
+    """The serving process's side of a shared journal: no database, no ORM, never on the event loop.
+
+    Every ``JOURNAL_BATCH_SECONDS`` it takes the offset the writer process committed (so the backlog bound
+    and ``/readyz`` see what the database has), rotates the file once the database has all of it, and reads
+    the writer's state (``STATE_FILE``: ``database`` ok/down, the error; ``unknown`` when missing or stale).
+    The writer process fsyncs the file; on ``stop`` the keeper fsyncs and releases it (the writer then drains
+    what is left as a stopped process's journal).
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal, "toolrelay-journal-keeper")
+
+    def wait_drained(self, timeout: float = 10.0) -> bool:
+        """Block until the writer process committed every record appended so far; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.journal.refresh_drained() == 0:
+                return True
+            time.sleep(0.02)
+        return self.journal.refresh_drained() == 0
+
+    def release_connection(self, timeout: float = 5.0) -> bool:
+        """Nothing to release: the keeper holds no database connection."""
+        return True
+
+    def stop(self, timeout: float) -> None:
+        """Fsync and release the journal (the writer process drains the rest); once (serve, then atexit)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake.set()
+        with contextlib.suppress(OSError, ValueError):
+            self.journal.fsync()
+        self.journal.close()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.look()
+            self._wake.wait(settings.JOURNAL_BATCH_SECONDS)
+            self._wake.clear()
+
+    def look(self) -> None:
+        """One round: the committed offset, a rotation when due, the writer's state (never raises)."""
+        try:
+            self.journal.refresh_drained()
+            self.journal.rotate()
+            self.database, self.error = read_state(self.journal.directory)
+        except Exception:  # noqa: BLE001 - the keeper must outlive any file trouble
+            logger.exception("journal keeper: a round failed")
+        from infra import metrics
+
+        metrics.JOURNAL_BACKLOG.set(self.journal.backlog)
+        metrics.DATABASE_UP.set(1 if self.database == "ok" else 0)
+
+
+def read_state(directory: Path) -> tuple[str, str]:
+    """The writer process's ``(database, error)`` from ``STATE_FILE``; ``("unknown", why)`` when it is missing,
+    unreadable or older than a writer cycle can take (``DB_CALL_TIMEOUT_SECONDS`` twice, plus 10 s)."""
+    import json
+
+    path = directory / STATE_FILE
+    try:
+        age = time.time() - path.stat().st_mtime
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "unknown", "no journal writer process has reported yet"
+    if age > 2 * settings.DB_CALL_TIMEOUT_SECONDS + 10:
+        return "unknown", f"the journal writer process has not reported for {age:.0f} s"
+    if not isinstance(state, dict) or state.get("database") not in ("ok", "down"):
+        return "unknown", "the journal writer's state is unreadable"
+    return str(state["database"]), str(state.get("error", ""))[:300]
+
+
+class JournalWriter(_JournalThread):
     """Drains ``journal`` (and orphaned journals in ``directory``) into the database."""
 
     def __init__(self, journal: Journal, directory: Path) -> None:
-        super().__init__(name="toolrelay-journal-writer", daemon=True)
-        self.journal = journal
+        super().__init__(journal, "toolrelay-journal-writer")
         self.directory = directory
-        self.database = "unknown"
-        self.error = ""
         self._position = 0  # the next byte of our journal to read
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._release = threading.Event()
         self._released = threading.Event()
@@ -109,14 +217,6 @@ class JournalWriter(threading.Thread):
         self._published = 0  # the end of the last record of our journal handed to the live incident feed
 
     # ----- control -----
-
-    def status(self) -> Status:
-        """The writer's state now (cheap; safe from any thread)."""
-        return Status(self.database, self.journal.backlog, self.error, sum(self.journal.dropped.values()))
-
-    def kick(self) -> None:
-        """Drain now instead of at the next interval (tests, shutdown)."""
-        self._wake.set()
 
     def wait_drained(self, timeout: float = 10.0) -> bool:
         """Block until the database has every record appended so far (tests); False on timeout."""
@@ -233,7 +333,11 @@ class JournalWriter(threading.Thread):
         refuses the batch and it is read again; bounded, never raises)."""
         fresh = [line.record for line in lines if line.end > self._published]
         self._published = max(self._published, lines[-1].end)
-        incident_feed.publish(self._incidents.feed(fresh))
+        found = self._incidents.feed(fresh)
+        incident_feed.publish(found)
+        for item in found:
+            if item["kind"] in ROUTING_KINDS:  # circuits and keys: the operator's webhook too
+                operator_alert.post(item)
 
     def _call(self, fn: Any) -> Any:
         close_old_connections()
@@ -254,23 +358,7 @@ class JournalWriter(threading.Thread):
         self._call(self._sweep_stale_pending)
 
     def _drain_orphan(self, path: Path) -> None:
-        started: set[str] = set()
-        ended: set[str] = set()
-        position = read_offset(path)
-        for lines in _chunks(path, 0):  # every record, for the start/end bookkeeping
-            for line in lines:
-                kind, rid = line.record.get("t"), line.record.get("id")
-                if kind == "start" and isinstance(rid, str):
-                    started.add(rid)
-                elif kind == "finish" and isinstance(rid, str):
-                    ended.add(rid)
-            todo = [line for line in lines if line.end > position]
-            if todo:
-                self._write(todo, path.name)
-        interrupted = self._call(lambda: services.requests_interrupt(ids=started - ended))
-        logger.info("journal %s of a stopped process drained; %d request(s) interrupted", path.name, interrupted)
-        path.unlink(missing_ok=True)
-        path.with_suffix(".offset").unlink(missing_ok=True)
+        drain_orphan(path, write=self._write, call=self._call)
 
     @staticmethod
     def _sweep_stale_pending() -> int:
@@ -322,6 +410,33 @@ class JournalWriter(threading.Thread):
 def _ping() -> None:
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT 1")
+
+
+def drain_orphan(path: Path, *, write: Callable[[list[Line], str], None], call: Callable[[Any], Any],
+                 publish: Callable[[list[Line], str], None] | None = None) -> None:
+    """Write what is left of a stopped process's journal at ``path`` (past its committed offset) with
+    ``write(lines, name)`` (after ``publish(lines, name)`` to the live feed, when given), mark its requests
+    that started and never finished as interrupted (``call`` runs the database call, bounded), and delete the
+    journal and its offset sidecar. The caller holds the orphan's lock (``lock_orphan``)."""
+    started: set[str] = set()
+    ended: set[str] = set()
+    position = read_offset(path)
+    for lines in _chunks(path, 0):  # every record, for the start/end bookkeeping
+        for line in lines:
+            kind, rid = line.record.get("t"), line.record.get("id")
+            if kind == "start" and isinstance(rid, str):
+                started.add(rid)
+            elif kind == "finish" and isinstance(rid, str):
+                ended.add(rid)
+        todo = [line for line in lines if line.end > position]
+        if todo:
+            if publish is not None:
+                publish(todo, path.name)
+            write(todo, path.name)
+    interrupted = call(lambda: services.requests_interrupt(ids=started - ended))
+    logger.info("journal %s of a stopped process drained; %d request(s) interrupted", path.name, interrupted)
+    path.unlink(missing_ok=True)
+    path.with_suffix(".offset").unlink(missing_ok=True)
 
 
 def _chunks(path: Path, offset: int) -> Any:

@@ -40,6 +40,12 @@ class ProxyRequest(models.Model):
                           help_text="Also the x-request-id the client sees; generated before any write.")
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
     api_key = models.ForeignKey("tenants.ApiKey", null=True, on_delete=models.SET_NULL, related_name="+")
+    member = models.ForeignKey("tenants.Membership", null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+",
+                               help_text="The person whose key made the request (blank: a tenant key).")
+    member_username = models.CharField(max_length=150, blank=True, default="",
+                                       help_text="The member's user name when the request was made (kept after "
+                                                 "the membership is gone).")
     route = models.ForeignKey("tenants.ModelRoute", null=True, on_delete=models.SET_NULL, related_name="+")
     upstream = models.ForeignKey("tenants.Upstream", null=True, on_delete=models.SET_NULL, related_name="+")
     client_protocol = models.CharField(max_length=24, default="openai-chat")
@@ -56,6 +62,19 @@ class ProxyRequest(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     wasted_completion_tokens = models.PositiveIntegerField(default=0, help_text="Completion tokens of failed attempts.")
     wasted_ms = models.FloatField(default=0, help_text="Milliseconds spent on failed attempts.")
+    cache_read_tokens = models.PositiveIntegerField(default=0, help_text="Input tokens read from the prompt cache.")
+    cache_write_tokens = models.PositiveIntegerField(default=0, help_text="Input tokens written to the prompt cache.")
+    reasoning_tokens = models.PositiveIntegerField(default=0, help_text="Output tokens spent reasoning.")
+    usage_estimated = models.BooleanField(default=False, help_text="Some attempt's usage was estimated (the "
+                                                                    "upstream sent none, or nonsense).")
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0,
+                                   help_text="USD of every attempt (delivered + wasted), at the prices in force.")
+    delivered_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0,
+                                        help_text="USD of the attempt the client got.")
+    wasted_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0,
+                                     help_text="USD of attempts discarded as broken, cut or refused.")
+    unpriced = models.BooleanField(default=False, help_text="Some attempt's model has no price: its cost is not "
+                                                            "in cost_usd (never counted as $0).")
     error = models.TextField(blank=True)
     delivered = models.JSONField(
         null=True, blank=True,
@@ -68,6 +87,7 @@ class ProxyRequest(models.Model):
         ordering = ["-created"]
         indexes = [
             models.Index(fields=["tenant", "-created"], name="req_tenant_created"),
+            models.Index(fields=["member", "-created"], name="req_member_created"),
             models.Index(fields=["outcome", "-created"], name="req_outcome_created"),
             models.Index(fields=["upstream", "-created"], name="req_upstream_created"),
             models.Index(fields=["model", "-created"], name="req_model_created"),
@@ -96,6 +116,12 @@ class Attempt(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     bytes_received = models.PositiveIntegerField(default=0)
     frames = models.PositiveIntegerField(default=0)
+    cache_read_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    reasoning_tokens = models.PositiveIntegerField(default=0)
+    usage_estimated = models.BooleanField(default=False)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, null=True, blank=True,
+                                   help_text="USD at the price in force; blank: unpriced (no price for its model).")
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

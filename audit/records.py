@@ -40,6 +40,9 @@ class RequestRecord:
     created: datetime = field(default_factory=timezone.now)
     #: Request-level findings (not about an upstream answer: client fields not forwarded).
     findings: Sequence[GuardFinding] = ()
+    #: The membership owning the key (``Principal.member_id``) and its user name then; None / "" for tenant keys.
+    member_id: int | None = None
+    member_username: str = ""
 
 
 @dataclass(slots=True)
@@ -61,6 +64,15 @@ class AttemptRecord:
     frames: int = 0
     findings: Sequence[GuardFinding] = ()
     body: bytes = b""
+    #: Parts of ``prompt_tokens`` read from / written to the upstream's prompt cache; part of
+    #: ``completion_tokens`` spent reasoning (``proxy.guard.checks.usage``).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    #: The upstream sent no (usable) usage: the counts are estimates.
+    usage_estimated: bool = False
+    #: USD this attempt cost at the price in force (``billing``); None: no price for its model (unpriced).
+    cost_usd: float | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +93,16 @@ class RequestResult:
     delivered: dict[str, Any] | None = None
     #: Request-level findings decided at the end (the loop breaker's ``agent-loop``).
     findings: Sequence[GuardFinding] = ()
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    #: Some attempt's usage was estimated.
+    usage_estimated: bool = False
+    #: USD of the attempt the client got (``delivered_usd``) and of the attempts thrown away as broken, cut
+    #: or refused (``wasted_usd``); ``unpriced``: some attempt with tokens had no price (its cost not counted).
+    delivered_usd: float = 0.0
+    wasted_usd: float = 0.0
+    unpriced: bool = False
 
 
 def _journal_append(record: dict[str, Any]) -> None:
@@ -96,6 +118,7 @@ def _request_json(record: RequestRecord) -> dict[str, Any]:
         "client_user_agent": record.client_user_agent[:200], "model": record.model[:200],
         "upstream_model": record.upstream_model[:200], "path": record.path,
         "created": record.created.timestamp(), "fragments": record.fragments.value,
+        "member_id": record.member_id, "member_username": record.member_username[:150],
     }
 
 
@@ -124,6 +147,8 @@ def attempt_finished(*, request: RequestRecord, attempt: AttemptRecord) -> None:
         "duration_ms": a.duration_ms, "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
         "bytes_received": a.bytes_received, "frames": a.frames, "created": timezone.now().timestamp(),
         "findings": [_finding_json(f, keep_frames) for f in a.findings],
+        "cache_read_tokens": a.cache_read_tokens, "cache_write_tokens": a.cache_write_tokens,
+        "reasoning_tokens": a.reasoning_tokens, "usage_estimated": a.usage_estimated, "cost_usd": a.cost_usd,
     }
     if request.fragments == FragmentStorage.ATTEMPT and a.body:
         cap = settings.AUDIT_BODY_CAP
@@ -140,6 +165,15 @@ def limit_learned(*, fact: Any) -> None:
                                               "detail": fact.detail[:1000]}})
 
 
+def routing_changed(*, event: str, severity: str, tenant_id: int | None, upstream_id: int, title: str,
+                    detail: str = "") -> None:
+    """Journal a routing state change (``proxy.routing.router``: ``circuit-open``, ``circuit-closed``,
+    ``key-disabled``); ``audit.incidents`` makes it an incident."""
+    _journal_append({"t": "routing", "id": f"routing-{upstream_id}", "tenant_id": tenant_id, "event": event,
+                     "severity": severity, "upstream_id": upstream_id, "title": title[:200], "detail": detail[:300],
+                     "created": timezone.now().timestamp()})
+
+
 def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
     """Journal how ``request`` ended (self-contained: the row can be created from this record alone)."""
     r = result
@@ -147,7 +181,10 @@ def request_finished(*, request: RequestRecord, result: RequestResult) -> None:
         "outcome": r.outcome, "status": r.status, "attempts": r.attempts, "ttft_ms": r.ttft_ms,
         "total_ms": r.total_ms, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
         "wasted_completion_tokens": r.wasted_completion_tokens, "wasted_ms": r.wasted_ms,
-        "error": r.error[:2000], "delivered": r.delivered, "finished": timezone.now().timestamp()}}
+        "error": r.error[:2000], "delivered": r.delivered, "cache_read_tokens": r.cache_read_tokens,
+        "cache_write_tokens": r.cache_write_tokens, "reasoning_tokens": r.reasoning_tokens,
+        "usage_estimated": r.usage_estimated, "delivered_usd": r.delivered_usd, "wasted_usd": r.wasted_usd,
+        "unpriced": r.unpriced, "finished": timezone.now().timestamp()}}
     if r.findings:
         record["findings"] = [_finding_json(f, False) for f in r.findings]
     _journal_append(record)

@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from audit import exports
 from audit.models import Finding, Fragment, Report
+from audit.people import MEMBER_COLUMNS, member_rows
 from audit.reports import Figures, Scope, build_figures
 from tenants.models import Tenant
 
@@ -53,8 +54,10 @@ def report_build(*, report_id: int) -> Report:
     now = timezone.now()
     Report.objects.filter(pk=report_id).update(status=Report.Status.RUNNING, progress=0, started=now, error="",
                                                finished=None)
-    figures = build_figures(scope_of(report), progress=lambda p: report_progress(
+    scope = scope_of(report)
+    figures = build_figures(scope, progress=lambda p: report_progress(
         report_id=report_id, percent=p * FIGURES_SHARE // 100))
+    figures["by_member"] = [{c: row[c] for c in ("member_id", *MEMBER_COLUMNS)} for row in member_rows(scope)]
     _replace_files(report, figures)
     report.figures = figures
     report.status, report.progress, report.finished = Report.Status.DONE, 100, timezone.now()

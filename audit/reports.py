@@ -25,12 +25,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, FloatField, IntegerField, Q, QuerySet, Sum, Value
+from django.db.models import Count, DecimalField, FloatField, IntegerField, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, Trunc
 from django.utils import timezone
 
+from audit.display import wasted_usage_unknown
 from audit.models import Finding, ProxyRequest
 from proxy.guard.findings import Action
 from tenants.models import Tenant, Upstream
@@ -103,6 +105,9 @@ def seconds(ms: float | None) -> float:
     return round((ms or 0.0) / 1000, 3)
 
 
+_MONEY: DecimalField = DecimalField(max_digits=20, decimal_places=10)  # type: ignore[type-arg]
+
+
 def _request_counts() -> dict[str, Any]:
     """The aggregates every per-dimension row of requests carries."""
     return {
@@ -112,7 +117,16 @@ def _request_counts() -> dict[str, Any]:
         "n_exhausted": Count("pk", filter=Q(outcome=Outcome.EXHAUSTED)),
         "wasted_tokens": Coalesce(Sum("wasted_completion_tokens"), Value(0), output_field=IntegerField()),
         "wasted_ms_sum": Coalesce(Sum("wasted_ms"), Value(0.0), output_field=FloatField()),
+        "cost_sum": Coalesce(Sum("cost_usd"), Value(Decimal(0)), output_field=_MONEY),
+        "wasted_usd_sum": Coalesce(Sum("wasted_usd"), Value(Decimal(0)), output_field=_MONEY),
+        "n_unpriced": Count("pk", filter=Q(unpriced=True)),
+        "n_wasted_unknown": Count("pk", filter=wasted_usage_unknown()),
     }
+
+
+def usd(value: Any) -> float:
+    """A sum of USD (``Decimal``) as a float rounded to 10 places (a micro-dollar keeps 4 significant digits)."""
+    return round(float(value or 0), 10)
 
 
 def _request_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +138,11 @@ def _request_row(row: dict[str, Any]) -> dict[str, Any]:
         "corruption_rate": rate(row["n_corrupted"], row["n_guarded"]),
         "exhausted": row["n_exhausted"],
         "wasted_completion_tokens": int(row["wasted_tokens"]),
+        "wasted_unknown_requests": row["n_wasted_unknown"],
         "wasted_seconds": seconds(row["wasted_ms_sum"]),
+        "cost_usd": usd(row["cost_sum"]),
+        "wasted_usd": usd(row["wasted_usd_sum"]),
+        "unpriced": row["n_unpriced"],
     }
 
 
@@ -158,7 +176,11 @@ def totals(scope: Scope) -> dict[str, Any]:
         "prompt_tokens": int(agg["n_prompt"]),
         "completion_tokens": int(agg["n_completion"]),
         "wasted_completion_tokens": int(agg["wasted_tokens"]),
+        "wasted_unknown_requests": agg["n_wasted_unknown"],
         "wasted_seconds": seconds(agg["wasted_ms_sum"]),
+        "cost_usd": usd(agg["cost_sum"]),
+        "wasted_usd": usd(agg["wasted_usd_sum"]),
+        "unpriced": agg["n_unpriced"],
         "findings": scope.findings().count(),
         **attempt_totals(scope),
     }
@@ -200,12 +222,20 @@ def by_model(scope: Scope) -> list[dict[str, Any]]:
 
 
 def by_kind(scope: Scope, requests_total: int) -> list[dict[str, Any]]:
-    """Per finding kind: findings, requests showing it, fatal findings, and its share of requests."""
+    """Per finding kind: findings, requests showing it, fatal findings, its share of requests, and
+    ``wasted_usd``: the cost of the failed attempts (retried or failed upstream calls) that showed it (an
+    attempt with two kinds counts for each)."""
     rows = scope.findings().values("kind").annotate(
         n=Count("pk"), n_requests=Count("request_id", distinct=True),
         n_fatal=Count("pk", filter=Q(action__in=FATAL_ACTIONS)))
+    wasted: dict[str, float] = defaultdict(float)
+    for kind, _, cost in (scope.findings().filter(attempt__outcome__in=("retry", "upstream-error"),
+                                                  attempt__cost_usd__gt=0)
+                          .values_list("kind", "attempt_id", "attempt__cost_usd").distinct()):
+        wasted[kind] += float(cost or 0)
     out = [{"kind": r["kind"], "findings": r["n"], "requests": r["n_requests"], "fatal": r["n_fatal"],
-            "share": rate(r["n_requests"], requests_total)} for r in rows]
+            "share": rate(r["n_requests"], requests_total), "wasted_usd": usd(wasted.get(r["kind"], 0.0))}
+           for r in rows]
     return sorted(out, key=lambda r: (-r["requests"], -r["findings"], r["kind"]))
 
 

@@ -16,10 +16,12 @@ row. Nothing here ever sees request headers or credentials.
 from __future__ import annotations
 
 import base64
+import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import connections, models, transaction
@@ -54,21 +56,54 @@ def _request_row(rid: str, req: dict[str, Any], res: dict[str, Any] | None) -> P
         upstream_id=req.get("upstream_id"), client_protocol=db_text(req.get("client_protocol", "")),
         client_user_agent=db_text(req.get("client_user_agent", "")), model=db_text(req.get("model", "")),
         upstream_model=db_text(req.get("upstream_model", "")), path=req.get("path", ""),
-        created=_when(req.get("created")),
+        created=_when(req.get("created")), member_id=_member_id(req.get("member_id")),
+        member_username=db_text(req.get("member_username") or "")[:150],
     )
     if res is not None:
         _apply_result(row, res)
     return row
 
 
+def _member_id(value: Any) -> int | None:
+    """A journaled member id (records written before members carry none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 _RESULT_FIELDS = ("outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens", "completion_tokens",
-                  "wasted_completion_tokens", "wasted_ms", "delivered", "error", "finished")
+                  "wasted_completion_tokens", "wasted_ms", "cache_read_tokens", "cache_write_tokens",
+                  "reasoning_tokens", "usage_estimated", "unpriced", "cost_usd", "delivered_usd", "wasted_usd",
+                  "delivered", "error", "finished")
+#: Token columns of a result or attempt record: whole numbers 0..2**31-1 (anything else is stored as 0).
+_COUNTS = frozenset({"prompt_tokens", "completion_tokens", "wasted_completion_tokens", "cache_read_tokens",
+                     "cache_write_tokens", "reasoning_tokens"})
+_MONEY = frozenset({"cost_usd", "delivered_usd", "wasted_usd"})
+_MAX_COUNT = 2**31 - 1
+_MAX_USD = Decimal("9999999999")
+
+
+def _count(value: Any) -> int:
+    """A token column's value: a whole number within the column, else 0 (a record never breaks the batch)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT else 0
+
+
+def _usd(value: Any) -> Decimal | None:
+    """A money column's value (10 decimal places) from a journal float; None when absent or not a sane amount."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        return None
+    amount = Decimal(repr(float(value))).quantize(Decimal("1e-10"))
+    return amount if amount <= _MAX_USD else None
 
 
 def _apply_result(row: ProxyRequest, res: dict[str, Any]) -> None:
     for name in _RESULT_FIELDS[:-3]:
         if name in res:
             setattr(row, name, res[name])
+    for name in _COUNTS & res.keys():
+        setattr(row, name, _count(res[name]))
+    row.usage_estimated, row.unpriced = res.get("usage_estimated") is True, res.get("unpriced") is True
+    row.delivered_usd = _usd(res.get("delivered_usd")) or Decimal(0)
+    row.wasted_usd = _usd(res.get("wasted_usd")) or Decimal(0)
+    row.cost_usd = row.delivered_usd + row.wasted_usd
     delivered = res.get("delivered")
     row.delivered = _db_json(delivered) if isinstance(delivered, dict) else None
     row.error = db_text(res.get("error", ""))
@@ -142,6 +177,7 @@ def _requests(batch: Batch) -> tuple[set[str], set[str]]:
                 .values_list("id", flat=True)}
     new = [_request_row(rid, *(batch.finishes[rid] if rid in batch.finishes else (batch.starts[rid], None)))
            for rid in sorted(ids - existing) if rid in batch.finishes or rid in batch.starts]
+    _known_members(new)
     ProxyRequest.objects.bulk_create(new)
     Finding.objects.bulk_create([_request_finding(row, f) for row in new
                                  for f in (*batch.notes.get(str(row.id), ()), *batch.end_notes.get(str(row.id), ()))])
@@ -155,6 +191,20 @@ def _requests(batch: Batch) -> tuple[set[str], set[str]]:
         _update_results(updated)
     created = {str(r.id) for r in new}
     return existing | created, created
+
+
+def _known_members(rows: list[ProxyRequest]) -> None:
+    """Unlink members deleted since their request was journaled (the user name snapshot stays); one query,
+    none when no row has a member."""
+    wanted = {row.member_id for row in rows if row.member_id is not None}
+    if not wanted:
+        return
+    from tenants.models import Membership
+
+    alive = set(Membership.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    for row in rows:
+        if row.member_id is not None and row.member_id not in alive:
+            row.member_id = None
 
 
 def _end_notes(batch: Batch, existing: set[str]) -> None:
@@ -207,9 +257,12 @@ def _attempt_row(a: dict[str, Any]) -> Attempt:
         request_id=uuid.UUID(a["id"]), number=a["number"], upstream_id=a.get("upstream_id"),
         upstream_model=db_text(a.get("upstream_model", "")), upstream_status=a.get("upstream_status"),
         outcome=a.get("outcome", ""), abort_reason=db_text(a.get("abort_reason", "")), ttfb_ms=a.get("ttfb_ms"),
-        duration_ms=a.get("duration_ms"), prompt_tokens=a.get("prompt_tokens", 0),
-        completion_tokens=a.get("completion_tokens", 0), bytes_received=a.get("bytes_received", 0),
+        duration_ms=a.get("duration_ms"), prompt_tokens=_count(a.get("prompt_tokens", 0)),
+        completion_tokens=_count(a.get("completion_tokens", 0)), bytes_received=a.get("bytes_received", 0),
         frames=a.get("frames", 0), created=_when(a.get("created")),
+        cache_read_tokens=_count(a.get("cache_read_tokens")), cache_write_tokens=_count(a.get("cache_write_tokens")),
+        reasoning_tokens=_count(a.get("reasoning_tokens")), usage_estimated=a.get("usage_estimated") is True,
+        cost_usd=_usd(a.get("cost_usd")),
     )
 
 

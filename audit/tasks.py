@@ -6,7 +6,10 @@ With a broker configured a normal worker runs them. With none (``CELERY_TASK_ALW
 of ``make run``),
 ``OffThreadEagerTask`` runs the task eagerly in a background thread of the calling process, so an
 admin request that asks for a report returns at once instead of building it on the request thread
-(docs/reports.md, "Running without a broker").
+(docs/reports.md, "Running without a broker"). At most ``EAGER_TASK_WORKERS`` of those threads run at
+once (each may hold a database connection), the others wait their turn; past ``EAGER_TASK_QUEUE``
+waiting, a task is not started and logged (issue 24 item 9: 120 test alerts against a receiver that
+never answered held every Postgres connection).
 
 Time limits are per task; the hard limit needs the prefork pool (``--pool=solo`` ignores it), the
 soft one raises ``SoftTimeLimitExceeded`` inside the task, which ``on_failure`` records.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +27,7 @@ from celery import shared_task
 from celery.contrib.django.task import DjangoTask
 from celery.result import AsyncResult
 from celery.utils import uuid
+from django.conf import settings
 from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 
@@ -37,8 +41,45 @@ REPORT_SOFT_LIMIT = 15 * 60
 REPORT_HARD_LIMIT = REPORT_SOFT_LIMIT + 60
 
 
+class _EagerSlots:
+    """The bound on eager task threads: ``running`` at most ``EAGER_TASK_WORKERS``, ``waiting`` at most
+    ``EAGER_TASK_QUEUE`` (both read when a task is queued)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting = 0
+        self.running = 0
+        self.turn = threading.Condition(self.lock)
+
+    def admit(self) -> bool:
+        """Count one more waiting task; False when ``EAGER_TASK_QUEUE`` are already waiting."""
+        with self.lock:
+            if self.waiting >= settings.EAGER_TASK_QUEUE:
+                return False
+            self.waiting += 1
+            return True
+
+    def run(self, work: Callable[[], None]) -> None:
+        """Wait for one of ``EAGER_TASK_WORKERS`` turns, then ``work()``."""
+        with self.turn:
+            while self.running >= max(1, settings.EAGER_TASK_WORKERS):
+                self.turn.wait()
+            self.waiting -= 1
+            self.running += 1
+        try:
+            work()
+        finally:
+            with self.turn:
+                self.running -= 1
+                self.turn.notify()
+
+
+_eager = _EagerSlots()
+
+
 class OffThreadEagerTask(DjangoTask):  # type: ignore[misc]  # celery ships no type information
-    """A task that, in eager mode, runs in a background thread instead of the caller's thread."""
+    """A task that, in eager mode, runs in a background thread instead of the caller's thread, at most
+    ``EAGER_TASK_WORKERS`` at once (``_EagerSlots``)."""
 
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, producer: Any = None,
                     link: Any = None, link_error: Any = None, shadow: str | None = None, **options: Any
@@ -46,8 +87,12 @@ class OffThreadEagerTask(DjangoTask):  # type: ignore[misc]  # celery ships no t
         if not self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
         task_id = task_id or uuid()
-        thread = threading.Thread(target=self._run_eager, args=(args, kwargs, task_id), name=f"eager {self.name}",
-                                  daemon=True)
+        if not _eager.admit():
+            logger.error("eager task %s (%s) not started: %s tasks are already waiting (EAGER_TASK_QUEUE); "
+                         "configure a Celery broker for this load", self.name, task_id, settings.EAGER_TASK_QUEUE)
+            return self.AsyncResult(task_id)
+        thread = threading.Thread(target=_eager.run, args=(lambda: self._run_eager(args, kwargs, task_id),),
+                                  name=f"eager {self.name}", daemon=True)
         thread.start()
         return self.AsyncResult(task_id)
 

@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from audit.delivered import TEXT_CAP
-from audit.display import duration, frames, pill, tokens, usage_missing
+from audit.display import attempt_ordinal, duration, frames, pill, tokens, usage_missing
 from audit.models import Attempt, ProxyRequest
 from proxy.guard.decisions.loops import STUCK_PREFIX
 
@@ -61,12 +61,12 @@ def render_timeline(request: ProxyRequest, attempts: Sequence[Attempt], bodies: 
         length = attempt.duration_ms or 0.0
         colour = BAR_COLOURS.get(attempt.outcome, "#9ca3af")
         upstream = attempt.upstream.name if attempt.upstream is not None else "–"
-        label = format_html("#{} {} {}", attempt.number + 1, upstream, pill(attempt.outcome))
+        label = format_html("#{} {} {}", attempt_ordinal(attempt.number), upstream, pill(attempt.outcome))
         body = bodies.get(attempt.pk)
         url = reverse("admin:audit_fragment_change", args=[body]) if body is not None else None
         left, width = f"{100 * start / total:.2f}", f"{max(100 * length / total, 0.4):.2f}"
         rows.append(format_html(_ROW, label, left, width, colour,
-                                f"attempt {attempt.number + 1}: {duration(length)}", _facts(attempt, url)))
+                                f"attempt {attempt_ordinal(attempt.number)}: {duration(length)}", _facts(attempt, url)))
         start += length
     axis = format_html('<div class="tr-tl-axis">0 – {} total · time to first byte to the client {}</div>',
                        duration(request.total_ms), duration(request.ttft_ms))

@@ -8,8 +8,12 @@ period by the request's start, tenants already narrowed to what the user may see
 - ``wasted_prompt_tokens``: input tokens of failed attempts (``Attempt`` rows whose outcome is
   ``retry`` or ``upstream-error``); ``wasted_completion_tokens`` and ``wasted_seconds``: output tokens
   and time of failed attempts (``ProxyRequest.wasted_completion_tokens`` / ``wasted_ms``);
+  ``wasted_unknown_requests``: requests among them whose wasted usage is unknown (``audit.display``'s one rule:
+  the pages and the CSV then read ``≥ N`` or ``unknown``, not the bare sum);
 - ``limits_hit``: requests refused by a limit, i.e. recorded with status 429 and outcome ``rejected``
   (limit refusals happen before any upstream call; only those recorded as audit rows are counted);
+- ``cost_usd`` / ``wasted_usd``: USD of every attempt and of the failed ones (``billing``, at the prices in
+  force when each request ran); ``unpriced``: requests whose model had no price (not in the sums);
 - ``loops_broken``: ``agent-loop`` findings (the loop breaker's); ``retry_budget_spent``:
   ``retry-budget-spent`` findings (a retry the tenant's retry budget refused).
 
@@ -19,11 +23,13 @@ Plus the same totals per time bucket for the charts. Four grouped queries and on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 
+from audit.display import wasted_usage_unknown
 from audit.models import Attempt
 from audit.reports import Scope, _bucket_of, _iso, buckets, seconds
 
@@ -49,7 +55,8 @@ GROUPS: dict[str, Group] = {
     "upstream": Group("upstream_id", ("upstream__name", "tenant__slug")),
 }
 COLUMNS = ("group", "requests", "prompt_tokens", "completion_tokens", "wasted_prompt_tokens",
-           "wasted_completion_tokens", "wasted_seconds", "limits_hit", "loops_broken", "retry_budget_spent")
+           "wasted_completion_tokens", "wasted_seconds", "limits_hit", "loops_broken", "retry_budget_spent",
+           "cost_usd", "wasted_usd", "unpriced")
 
 
 def _label(group: str, row: dict[str, Any]) -> str:
@@ -68,7 +75,10 @@ def _totals() -> dict[str, Any]:
     return {"n_requests": Count("pk"), "n_prompt": Coalesce(Sum("prompt_tokens"), 0),
             "n_completion": Coalesce(Sum("completion_tokens"), 0),
             "n_wasted_completion": Coalesce(Sum("wasted_completion_tokens"), 0),
-            "n_wasted_ms": Coalesce(Sum("wasted_ms"), 0.0), "n_limits": Count("pk", filter=LIMIT_HIT)}
+            "n_wasted_ms": Coalesce(Sum("wasted_ms"), 0.0), "n_limits": Count("pk", filter=LIMIT_HIT),
+            "n_cost": Coalesce(Sum("cost_usd"), Decimal(0)), "n_wasted_usd": Coalesce(Sum("wasted_usd"), Decimal(0)),
+            "n_unpriced": Count("pk", filter=Q(unpriced=True)),
+            "n_wasted_unknown": Count("pk", filter=wasted_usage_unknown())}
 
 
 def usage_rows(scope: Scope, group: str) -> list[dict[str, Any]]:
@@ -88,9 +98,12 @@ def usage_rows(scope: Scope, group: str) -> list[dict[str, Any]]:
         out.append({"id": key, "group": _label(group, r), "requests": r["n_requests"], "prompt_tokens": r["n_prompt"],
                     "completion_tokens": r["n_completion"], "wasted_prompt_tokens": wasted.get(key, 0),
                     "wasted_completion_tokens": r["n_wasted_completion"],
+                    "wasted_unknown_requests": r["n_wasted_unknown"],
                     "wasted_seconds": seconds(r["n_wasted_ms"]), "limits_hit": r["n_limits"],
                     "loops_broken": counted.get((key, AGENT_LOOP), 0),
-                    "retry_budget_spent": counted.get((key, RETRY_BUDGET_SPENT), 0)})
+                    "retry_budget_spent": counted.get((key, RETRY_BUDGET_SPENT), 0),
+                    "cost_usd": round(float(r["n_cost"]), 10), "wasted_usd": round(float(r["n_wasted_usd"]), 10),
+                    "unpriced": r["n_unpriced"]})
     return sorted(out, key=lambda r: (-r["requests"], r["group"]))
 
 

@@ -8,6 +8,7 @@ exactly like a tenant id that does not exist.
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
+from time import time as time_now
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,13 +23,15 @@ from django.utils import timezone
 
 from audit.chart_links import ChartLinks
 from audit.charts import usage_charts
-from audit.exports import figure_context, write_rows
+from audit.exports import figure_context, wasted_cells, write_rows
 from audit.incidents import KINDS, Incident, incident
 from audit.models import Finding, ProxyRequest
+from audit.people import usage_rows_by_member
 from audit.reports import Scope, build_figures
 from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
 from audit.usage import COLUMNS, usage_over_time, usage_rows
 from tenants.models import Tenant, Upstream
+from tenants.pools import live_rates
 
 MAX_DAYS = 366
 #: The default period looks back this far, and zooms in on the data when it covers less.
@@ -145,6 +148,16 @@ def _report_link(scope: Scope) -> str:
     return reverse("admin:audit_report_add") + "?" + urlencode(query)
 
 
+def _live_rates(tenant_ids: tuple[int, ...] | None) -> list[dict[str, Any]]:
+    """The live broken-turn rate per upstream and model the router sees (``tenants.pools.live_rates``) for
+    the tenants in scope (None: all), at most 100 upstreams, worst first."""
+    upstreams = Upstream.objects.filter(enabled=True).select_related("tenant").order_by("tenant__name", "name")
+    if tenant_ids is not None:
+        upstreams = upstreams.filter(tenant_id__in=tenant_ids)
+    rows = live_rates(list(upstreams[:100]), time_now())
+    return sorted(rows, key=lambda r: (-(r["rate"] if r["rate"] is not None else -1.0), r["upstream"], r["model"]))
+
+
 def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
     """Render the dashboard for the period and tenant in the query string (default: ``default_period``)."""
     if not can_view_audit(request):
@@ -159,6 +172,7 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         context.update(figure_context(build_figures(scope), title="Audit dashboard", links=links))
         usage_query = {"since": scope.since.strftime(_MINUTE), "until": scope.until.strftime(_MINUTE),
                        **({"tenant": str(tenant.pk)} if tenant is not None else {})}
+        context.update(live_rates=_live_rates(scope.tenant_ids))
         context.update(presets=_preset_links(tenant), report_link=_report_link(scope), tenant=tenant,
                        usage_link=reverse("admin:audit_usage") + "?" + urlencode(usage_query),
                        can_request_report=can_manage_audit(request),
@@ -225,15 +239,15 @@ def incidents(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
 class UsageForm(DashboardForm):
     """The dashboard's period and tenant, and the dimension usage is grouped by."""
 
-    group = forms.ChoiceField(choices=[("key", "virtual key"), ("tenant", "tenant"), ("model", "model"),
-                                       ("upstream", "upstream")], required=False, label="Per")
+    group = forms.ChoiceField(choices=[("key", "virtual key"), ("member", "member"), ("tenant", "tenant"),
+                                       ("model", "model"), ("upstream", "upstream")], required=False, label="Per")
 
     def clean_group(self) -> str:
         return self.cleaned_data.get("group") or "key"
 
 
 def usage(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
-    """Usage per key, tenant, model or upstream for the period (``audit.usage``), with charts; ``?format=csv``
+    """Usage per key, member, tenant, model or upstream for the period (``audit.usage``), with charts; ``?format=csv``
     downloads the table through the safe CSV writer (``audit.exports``)."""
     if not can_view_audit(request):
         raise PermissionDenied
@@ -243,12 +257,14 @@ def usage(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         return TemplateResponse(request, "audit/usage.html", context)
     data = form.cleaned_data
     scope = dashboard_scope(data, request)
-    rows = usage_rows(scope, data["group"])
+    by_member = data["group"] == "member"
+    rows = usage_rows_by_member(scope) if by_member else usage_rows(scope, data["group"])
     if request.GET.get("format") == "csv":
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         stamp = f"{scope.since:%Y%m%dT%H%M}-{scope.until:%Y%m%dT%H%M}"
         response["Content-Disposition"] = f'attachment; filename="usage-{data["group"]}-{stamp}.csv"'
-        write_rows(response, COLUMNS, rows)  # type: ignore[arg-type]
+        write_rows(response, (*COLUMNS, "incidents") if by_member else COLUMNS,  # type: ignore[arg-type]
+                   wasted_cells(rows))
         return response
     query = request.GET.copy()
     query["format"] = "csv"

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -284,7 +285,8 @@ class Stack:
     @contextlib.contextmanager
     def limits_servers(self) -> Iterator[tuple[Server, dict[str, str]]]:
         """For the limits phase: a private redis-server, toolrelay processes with ``REDIS_URL`` on it, and two
-        keys: ``limited`` (every limit set on its key and tenant, never reached) and ``free`` (no limits);
+        keys: ``limited`` (a member's key: every limit set on it, its member and its tenant, money budgets
+        included, with a price on every model; never reached) and ``free`` (no limits);
         stopped on exit, so the other phases run as before (no Redis)."""
         redis_port = free_port()
         redis = self._spawn("redis", ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"])
@@ -300,13 +302,19 @@ class Stack:
         big = 10**9
         snippet = (
             "import json\n"
-            "from tenants.models import Tenant\n"
-            "from tenants.services import api_key_create, limits_set\n"
+            "from django.core.management import call_command\n"
+            "from tenants.models import Membership, Tenant\n"
+            "from tenants.services import limits_set, member_key_create\n"
             "t = Tenant.objects.get(name='bench')\n"
+            "call_command('prices', 'set', '--model', '*', '--input', '1', '--output', '2')\n"
+            "call_command('member', 'add', '--tenant', 'bench', '--user', 'bench-member', '--create-user')\n"
+            "m = Membership.objects.get(tenant=t, user__username='bench-member')\n"
+            f"money = dict(daily_usd={big}, weekly_usd={big}, monthly_usd={big})\n"
             f"limits_set(tenant=t, values=dict(rpm={big}, tpm={big}, concurrency=100000, daily_tokens={big}, "
-            f"monthly_tokens={big}))\n"
-            "k, raw = api_key_create(tenant=t, name='bench-limits')\n"
-            f"limits_set(tenant=t, key=k, values=dict(rpm={big}, tpm={big}, concurrency=100000))\n"
+            f"monthly_tokens={big}, **money))\n"
+            f"limits_set(tenant=t, member=m, values=dict(money))\n"
+            "k, raw = member_key_create(membership=m, name='bench-limits')\n"
+            f"limits_set(tenant=t, key=k, values=dict(rpm={big}, tpm={big}, concurrency=100000, **money))\n"
             "print(json.dumps({'limited': raw}))\n"
         )
         out = subprocess.run([self.python, "manage.py", "shell", "-c", snippet], cwd=ROOT,  # noqa: S603
@@ -329,6 +337,53 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                 self._procs.remove(proc)
+
+    @contextlib.contextmanager
+    def tracing_servers(self) -> Iterator[tuple[Server, dict[str, int]]]:
+        """For the tracing phase: an OTLP/HTTP sink in this process (answers 200, counts the bytes of each
+        ``/v1/traces`` export) and toolrelay processes started as the others, with tracing on at 100%
+        sampling into it (``OTEL_TRACES_SAMPLER=always_on``); stopped on exit."""
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        received = {"exports": 0, "bytes": 0}
+
+        class Sink(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                size = int(self.headers.get("content-length") or 0)
+                self.rfile.read(size)
+                if self.path == "/v1/traces":
+                    received["exports"] += 1
+                    received["bytes"] += size
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        threading.Thread(target=sink.serve_forever, daemon=True).start()
+        env = {**self.django_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.server_address[1]}",
+               "OTEL_TRACES_SAMPLER": "always_on", "OTEL_METRICS_EXPORTER": "none", "OTEL_SERVICE_NAME": "bench"}
+        server = self._servers("toolrelay-traced", env, lambda port: [
+            self.python, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)])
+        try:
+            for port, proc in zip(server.ports, server.procs, strict=True):
+                wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
+            yield server, received
+        finally:
+            for proc in server.procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc in server.procs:
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                self._procs.remove(proc)
+            sink.shutdown()
+            sink.server_close()
 
     def _provision(self, sim_url: str) -> None:
         """Migrate, then two tenants on the simulator: early abort on (the default) and off."""

@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from the repo root
 
+from bench.gateway_table import gateway_rows, gateway_table, paced, paced_rows  # noqa: E402
 from bench.harness import ROOT, Server, Stack, cpu_seconds, ensure_litellm, http_get, http_post, rss_bytes  # noqa: E402
 
 # ----- profiles --------------------------------------------------------------------------------
@@ -81,12 +82,17 @@ class Sizes:
     cpu_batch: int
     open_streams: int
     disconnects: int
+    gateway_per_worker: int  # ai-gateway-bench phase: requests per worker at each concurrency
+    paced_streams: int  # paced phase: concurrent streams, one frame per 100 ms ...
+    paced_seconds: float  # ... for this long
 
 
 FULL = Sizes(latency_rounds=60, guarded_rounds=16, corrupt_rounds=40, abort_probes=10, levels=(1, 4, 16, 64),
-             window=4.0, cpu_batch=300, open_streams=200, disconnects=10)
+             window=4.0, cpu_batch=300, open_streams=200, disconnects=10, gateway_per_worker=25,
+             paced_streams=256, paced_seconds=60.0)
 QUICK = Sizes(latency_rounds=10, guarded_rounds=4, corrupt_rounds=5, abort_probes=3, levels=(1, 16),
-              window=1.0, cpu_batch=60, open_streams=100, disconnects=4)
+              window=1.0, cpu_batch=60, open_streams=100, disconnects=4, gateway_per_worker=8,
+              paced_streams=64, paced_seconds=15.0)
 
 
 # ----- small helpers ---------------------------------------------------------------------------
@@ -262,6 +268,49 @@ class Bench:
                          "ttft_p99": pct(ttft, .99)}
         out["added_p50_ms"] = out["limits-on"]["ttft_p50"] - out["limits-off"]["ttft_p50"]
         self.results["limits"] = out
+
+    def tracing(self) -> None:
+        """Tracing on at 100% sampling against off (issue 22: at most +0.3 ms TTFT p50, +10% CPU per request):
+        toolrelay processes started as the others but exporting every span to an OTLP sink, in interleaved
+        rounds with the untraced ones (pass-through TTFT; a guarded request's trace has more spans and events,
+        so its TTFT is measured too), then the CPU batch of a guarded request on each."""
+        with self.stack.tracing_servers() as (server, received):
+            self.targets["tracing-on"] = server.endpoints(self.stack.toolrelay.headers)
+            self.targets["tracing-off"] = self.targets["toolrelay"]
+            self.servers["tracing-on"], self.servers["tracing-off"] = server, self.stack.toolrelay
+            try:
+                out: dict[str, Any] = {}
+                for scenario, tools in ((PT, None), (GSMALL, GET_WEATHER)):  # warm up the new processes as the others
+                    reqs = [{"body": body(scenario, self.tag("warm"), tools), "target": i % len(server.ports)}
+                            for i in range(8 * len(server.ports))]
+                    loadgen(self.targets["tracing-on"], reqs, concurrency=2, deadline=120, timeout=60)
+                for label, scenario, tools in (("pass-through", PT, None), ("guarded", GSMALL, GET_WEATHER)):
+                    by_name = self.rounds(["tracing-off", "tracing-on"], scenario, self.sizes.latency_rounds, tools)
+                    for name, recs in by_name.items():
+                        good = [r for r in ok(recs) if r["token"] is not None]
+                        ttft = [ms(r["token"] - r["sent"]) for r in good]
+                        out[f"{label} {name}"] = {"n": len(good), "errors": len(recs) - len(good),
+                                                  "ttft_p50": pct(ttft, .5), "ttft_p99": pct(ttft, .99)}
+                    out[f"{label} added_p50_ms"] = (out[f"{label} tracing-on"]["ttft_p50"]
+                                                    - out[f"{label} tracing-off"]["ttft_p50"])
+                for name in ("tracing-off", "tracing-on"):
+                    reqs = [{"body": body(GSMALL, f"trace-cpu-{i}", GET_WEATHER), "target": -1}
+                            for i in range(self.sizes.cpu_batch)]
+                    pids = self.servers[name].pids
+                    before = cpu_seconds(pids)
+                    result = loadgen(self.targets[name], reqs, concurrency=8, deadline=300, timeout=60)
+                    time.sleep(0.3)
+                    self._journal_drained(self.servers[name])
+                    done = len(ok(result["records"]))
+                    out[f"cpu {name}"] = {"n": done, "cpu_ms": 1000 * (cpu_seconds(pids) - before) / max(1, done)}
+                off, on = out["cpu tracing-off"]["cpu_ms"], out["cpu tracing-on"]["cpu_ms"]
+                out["cpu_added_pct"] = 100 * (on - off) / off if off else float("nan")
+                out["exports"], out["export_bytes"] = received["exports"], received["bytes"]
+            finally:
+                del self.targets["tracing-on"], self.targets["tracing-off"]
+                del self.servers["tracing-on"], self.servers["tracing-off"]
+        self.sim_reset()
+        self.results["tracing"] = out
 
     def guarded(self) -> None:
         """Clean 4 KB tool call: text TTFT, tail (upstream's last frame -> client's end), total."""
@@ -654,6 +703,16 @@ def table(results: dict[str, Any]) -> str:
         both = f"{fmt(on.get('ttft_p50'))} / {fmt(off.get('ttft_p50'))}"
         rows.append(("limits on (Redis): TTFT p50 ms", "", "", both, "", "", "", "", "on / off"))
         rows.append(("  added by the limits p50 ms", "", "", fmt(lim.get("added_p50_ms")), "", "", "", "", "<= 0.3"))
+    tr = results.get("tracing")
+    if tr:
+        for label in ("pass-through", "guarded"):
+            both = f"{fmt(tr.get(f'{label} tracing-on', {}).get('ttft_p50'))} / " \
+                   f"{fmt(tr.get(f'{label} tracing-off', {}).get('ttft_p50'))}"
+            rows.append((f"tracing 100% ({label}): TTFT p50 ms", "", "", both, "", "", "", "", "on / off"))
+            rows.append(("  added by tracing p50 ms", "", "", fmt(tr.get(f"{label} added_p50_ms")), "", "", "", "",
+                         "<= 0.3"))
+        rows.append(("  CPU per guarded request, added %", "", "", fmt(tr.get("cpu_added_pct"), 1), "", "", "", "",
+                     "<= 10"))
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
              for row in [head, *rows]]
@@ -700,7 +759,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-netns", action="store_true", help="do not isolate the run in a network namespace")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     parser.add_argument("--only", default="", help="comma-separated phases (latency,guarded,corrupted,throughput,"
-                                                   "cpu,memory,disconnect,frozen,limits)")
+                                                   "cpu,memory,disconnect,frozen,limits,tracing,"
+                                                   "gateway,paced)")
     args = parser.parse_args(argv)
     if not args.no_litellm:
         ensure_litellm()
@@ -711,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", LiteLLM {info['litellm']}")
     started = time.monotonic()
     phases = set(filter(None, args.only.split(","))) or {"latency", "guarded", "corrupted", "throughput", "cpu",
-                                                          "memory", "disconnect", "frozen", "limits"}
+                                                          "memory", "disconnect", "frozen", "limits", "tracing",
+                                                          "gateway", "paced"}
     with Stack(processes=args.processes, litellm=not args.no_litellm, litellm_models=LITELLM_MODELS) as stack:
         print(f"stack up in {time.monotonic() - started:.1f} s (logs in {stack.log_dir})", flush=True)
         bench = Bench(stack, sizes)
@@ -721,7 +782,9 @@ def main(argv: list[str] | None = None) -> None:
             ("memory", bench.memory), ("latency", bench.latency), ("guarded", bench.guarded),
             ("corrupted", bench.corrupted), ("throughput", bench.throughput), ("cpu", bench.cpu),
             ("disconnect", lambda: bench.disconnect(include_bare=not args.quick)),
-            ("frozen", bench.frozen), ("limits", bench.limits),
+            ("frozen", bench.frozen), ("limits", bench.limits), ("tracing", bench.tracing),
+            ("gateway", lambda: gateway_table(bench, per_worker=sizes.gateway_per_worker, window=4 * sizes.window)),
+            ("paced", lambda: paced(bench, streams=sizes.paced_streams, seconds=sizes.paced_seconds)),
         ]
         for name, step in steps:
             if name in phases:
@@ -731,6 +794,8 @@ def main(argv: list[str] | None = None) -> None:
     info["loadavg_end"] = os.getloadavg()
     print()
     print(table(bench.results))
+    for line in [*gateway_rows(bench.results), *paced_rows(bench.results)]:
+        print(line)
     idle = bench.results.get("idle_cpu_pct", {})
     print("\nidle CPU % per server (no request in flight): " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()))
     print(f"load average at start {info['loadavg']}, at end {info['loadavg_end']}; "

@@ -40,9 +40,12 @@ SITE_URL = envstr("SITE_URL", "http://127.0.0.1:8000").rstrip("/")
 CREDENTIAL_KEYS = envlist("CREDENTIAL_KEYS")
 #: Server secret for API key digests (HMAC-SHA256). Defaults to one derived from SECRET_KEY.
 API_KEY_SECRET = envstr("API_KEY_SECRET")
-#: How long a resolved API key / route stays in the in-process cache (seconds): bounds how long a
-#: revoked key keeps working on a running process.
-AUTH_CACHE_SECONDS = envfloat("AUTH_CACHE_SECONDS", 5.0)
+#: How long a resolved API key / route stays in the in-process cache (seconds). Revocations and tenant
+#: changes are broadcast (tenants.revocation) and drop the entry at once; this bounds how long a revoked
+#: key keeps working only when the broadcast is lost (several processes and Redis down). A key in use is
+#: re-read in the background once per half lifetime: at 5 s that was a database round trip on nearly every
+#: request of a key used every few seconds, 4 ms CPU beside its upstream wait (docs/benchmarks.md).
+AUTH_CACHE_SECONDS = envfloat("AUTH_CACHE_SECONDS", 30.0)
 #: While the database cannot be asked, a key is served from its last good answer up to this old
 #: (seconds; shared through Redis or JOURNAL_DIR/principals.json); unknown keys then get 503.
 AUTH_STALE_SECONDS = envfloat("AUTH_STALE_SECONDS", 900.0)
@@ -62,6 +65,15 @@ HEADER_TIMEOUT_SECONDS = envfloat("HEADER_TIMEOUT_SECONDS", 10.0)
 GIL_SWITCH_INTERVAL_SECONDS = envfloat("GIL_SWITCH_INTERVAL_SECONDS", 0.0005)
 UPSTREAM_MAX_CONNECTIONS = envint("UPSTREAM_MAX_CONNECTIONS", 1000)
 UPSTREAM_MAX_KEEPALIVE = envint("UPSTREAM_MAX_KEEPALIVE", 100)
+#: Fair shares of those connections, per process (proxy.upstreams.shares): a tenant's requests talking
+#: to upstreams at once (more wait LIMITS_CONCURRENCY_WAIT_SECONDS, then 429 concurrency), and one
+#: upstream's calls open at once (more wait as long, then fail as an unreachable upstream would).
+#: The most bytes of one upstream body toolrelay reads, counted decoded (an upstream that compresses
+#: although asked for identity is decoded in bounded pieces): past it the attempt ends as a broken
+#: connection (proxy.upstreams.decoding).
+UPSTREAM_MAX_BODY_BYTES = envint("UPSTREAM_MAX_BODY_BYTES", 256 * 1024 * 1024)
+UPSTREAM_TENANT_CONNECTIONS = envint("UPSTREAM_TENANT_CONNECTIONS", 100)
+UPSTREAM_UPSTREAM_CONNECTIONS = envint("UPSTREAM_UPSTREAM_CONNECTIONS", 500)
 #: Bound on an upstream's Retry-After that the relay honours (seconds).
 RETRY_AFTER_MAX_SECONDS = envfloat("RETRY_AFTER_MAX_SECONDS", 10.0)
 RETRY_BACKOFF_BASE_SECONDS = envfloat("RETRY_BACKOFF_BASE_SECONDS", 0.25)
@@ -72,6 +84,16 @@ UPSTREAM_ALLOW_NETWORKS = envnetworks("UPSTREAM_ALLOW_NETWORKS")
 #: What an upstream was learned to refuse (proxy/upstreams/learned.py: an output budget over its range, a parameter it
 #: refuses) holds this long (seconds; default 7 days), so a raised limit is noticed; with REDIS_URL every
 #: process pulls what the others learned this often (seconds).
+# Routing (docs/routing.md): circuits per upstream, cool-downs of pool keys.
+ROUTING_CIRCUIT_FAILURES = envint("ROUTING_CIRCUIT_FAILURES", 3)
+ROUTING_CIRCUIT_COOLDOWN_SECONDS = envfloat("ROUTING_CIRCUIT_COOLDOWN_SECONDS", 30.0)
+ROUTING_KEY_COOLDOWN_SECONDS = envfloat("ROUTING_KEY_COOLDOWN_SECONDS", 30.0)
+ROUTING_KEY_COOLDOWN_MAX_SECONDS = envfloat("ROUTING_KEY_COOLDOWN_MAX_SECONDS", 3600.0)
+ROUTING_KEY_DISABLED_SECONDS = envfloat("ROUTING_KEY_DISABLED_SECONDS", 7 * 24 * 3600.0)
+ROUTING_STATE_CACHE_SECONDS = envfloat("ROUTING_STATE_CACHE_SECONDS", 0.25)  # per process, of Redis reads
+ROUTING_QUALITY_WINDOW_SECONDS = envfloat("ROUTING_QUALITY_WINDOW_SECONDS", 600.0)  # broken-turn rate window
+ROUTING_QUALITY_EXPLORE = envfloat("ROUTING_QUALITY_EXPLORE", 0.1)  # share of new sessions sent to another target
+ROUTING_QUALITY_CACHE_SECONDS = envfloat("ROUTING_QUALITY_CACHE_SECONDS", 1.0)  # per process, of the rates
 UPSTREAM_LEARNED_TTL_SECONDS = envfloat("UPSTREAM_LEARNED_TTL_SECONDS", 7 * 24 * 3600.0)
 UPSTREAM_LEARNED_SYNC_SECONDS = envfloat("UPSTREAM_LEARNED_SYNC_SECONDS", 5.0)
 #: GET /v1/models also lists the default upstream's own models (its GET {base_url}/models), cached this long
@@ -115,6 +137,9 @@ SCHEMA_INLINE_CHECK_NODES = envint("SCHEMA_INLINE_CHECK_NODES", 300)
 #: The validation pool: worker processes (forkserver), and the time one validation may take (seconds)
 #: before its worker is killed; the call then counts as invalid (finding schema-validation-unfinished).
 SCHEMA_POOL_WORKERS = envint("SCHEMA_POOL_WORKERS", 2)
+#: Checks of one tenant in the validation pool at once, per process (the others of that tenant wait their
+#: turn within their deadline), so one tenant's fresh schemas cannot hold every worker.
+SCHEMA_POOL_TENANT_SHARE = envint("SCHEMA_POOL_TENANT_SHARE", max(1, SCHEMA_POOL_WORKERS // 2))
 SCHEMA_VALIDATION_DEADLINE_SECONDS = envfloat("SCHEMA_VALIDATION_DEADLINE_SECONDS", 2.0)
 #: Compiled client schemas kept per process, bounded by their estimated memory (bytes; ~8 per byte of
 #: schema text), least recently used first out.
@@ -129,6 +154,12 @@ JOURNAL_MAX_BYTES = envint("JOURNAL_MAX_BYTES", 256 * 1024 * 1024)
 JOURNAL_BATCH_SECONDS = envfloat("JOURNAL_BATCH_SECONDS", 0.5)
 JOURNAL_FSYNC_SECONDS = envfloat("JOURNAL_FSYNC_SECONDS", 0.1)
 JOURNAL_ORPHAN_SCAN_SECONDS = envfloat("JOURNAL_ORPHAN_SCAN_SECONDS", 30.0)
+#: Where the journal writer runs (audit/journal_writer.py, docs/deployment.md): ``process`` (a child process of
+#: ``manage.py serve``, restarted when it dies: the serving process does no database work for the audit),
+#: ``external`` (no writer from serve: run ``manage.py journal_writer`` once per host), ``thread`` (in the
+#: serving process, as before), ``auto`` (default: ``process`` with REDIS_URL, else ``thread``: without Redis
+#: the live incident feed's channel layer is the serving process's memory, which another process cannot reach).
+JOURNAL_WRITER = envstr("JOURNAL_WRITER", "auto")
 #: With nothing to write, the writer checks the database this often (seconds) for /readyz.
 JOURNAL_PING_SECONDS = envfloat("JOURNAL_PING_SECONDS", 5.0)
 #: Client-side deadline of each database call made by the journal writer and the auth lookups
@@ -139,6 +170,17 @@ REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
 #: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
 #: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
 RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
+# Cut text streams continued (docs/routing.md, "Cut text streams continued"; a route's continue_text):
+# at most this many continuations per request, and none once more than this many characters of text
+# were delivered (the prefix is sent back upstream whole).
+TEXT_CONTINUATIONS_MAX = envint("TEXT_CONTINUATIONS_MAX", 2)
+TEXT_CONTINUATION_CAP_CHARS = envint("TEXT_CONTINUATION_CAP_CHARS", 256 * 1024)
+#: Seconds a serving process charges with the prices it read before reading them again (billing.book).
+BILLING_REFRESH_SECONDS = envfloat("BILLING_REFRESH_SECONDS", 30.0)
+#: Output tokens a money budget reserves for a request that sets no max_tokens (proxy.policy.money).
+BILLING_OUTPUT_ESTIMATE_TOKENS = envint("BILLING_OUTPUT_ESTIMATE_TOKENS", 256)
+#: Percent of a money budget past which the tenant's alert fires, once per budget and window.
+MONEY_SOFT_PERCENT = envfloat("MONEY_SOFT_PERCENT", 80.0)
 #: The tenant retry budget's window (``GuardPolicy.retry_budget_percent``, ``proxy.policy.retry_budget``): seconds.
 RETRY_BUDGET_WINDOW_SECONDS = envfloat("RETRY_BUDGET_WINDOW_SECONDS", 600.0)
 #: Retries for broken output a tenant always has per window, whatever its share (a new tenant's first ones).
@@ -167,12 +209,20 @@ ALERT_EVALUATE_SECONDS = envfloat("ALERT_EVALUATE_SECONDS", 60.0)
 METRICS_TOKEN = envstr("METRICS_TOKEN")
 
 REDIS_URL = envstr("REDIS_URL")
+#: The prefix of every Redis name of this deployment (limits, leases and broadcasts, learned limits, last
+#: good principals, the channel layer's groups, Celery's queues), so several deployments can share one
+#: Redis. LIMITS_KEY_PREFIX is its older name for the same value.
+REDIS_PREFIX = envstr("REDIS_PREFIX") or envstr("LIMITS_KEY_PREFIX", "toolrelay:")
 #: The channel layer of the live incident feed: Redis (channels-redis) when REDIS_URL is set, so every
 #: process's journal writer reaches every admin's WebSocket; else in process memory (one process).
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                              "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30}}
+                              "CONFIG": {"hosts": [REDIS_URL], "capacity": 500, "expiry": 30,
+                                         "prefix": f"{REDIS_PREFIX}asgi"}}
                   if REDIS_URL else {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
+#: Celery's Redis keys (queues, bindings, unacked sets) under the deployment's prefix (kombu >= 5.3).
+CELERY_BROKER_TRANSPORT_OPTIONS = ({"global_keyprefix": REDIS_PREFIX}
+                                   if CELERY_BROKER_URL.startswith(("redis://", "rediss://", "unix://")) else {})
 
 # ----- limits (proxy.policy): shared state in Redis when REDIS_URL is set, else in process memory -----
 
@@ -180,8 +230,8 @@ CELERY_BROKER_URL = envstr("CELERY_BROKER_URL") or REDIS_URL
 LIMITS_REDIS_TIMEOUT_SECONDS = envfloat("LIMITS_REDIS_TIMEOUT_SECONDS", 0.05)
 #: After a failed Redis call, no call is tried for this long (seconds): the circuit breaker.
 LIMITS_REDIS_COOLDOWN_SECONDS = envfloat("LIMITS_REDIS_COOLDOWN_SECONDS", 2.0)
-#: Prefix of every Redis key of the limits (several deployments may share one Redis).
-LIMITS_KEY_PREFIX = envstr("LIMITS_KEY_PREFIX", "toolrelay:")
+#: Prefix of every Redis key of the limits: the deployment's REDIS_PREFIX.
+LIMITS_KEY_PREFIX = REDIS_PREFIX
 #: A concurrency slot's lease: renewed by its process every third of this while the request runs, so a
 #: slot held by a process that died frees itself within this many seconds.
 LIMITS_LEASE_SECONDS = envfloat("LIMITS_LEASE_SECONDS", 30.0)
@@ -193,6 +243,14 @@ WRONG_KEY_LIMIT_PER_MINUTE = envint("WRONG_KEY_LIMIT_PER_MINUTE", 30)
 # With no broker, tasks run in process (eagerly); see docs/deployment.md.
 CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
 CELERY_TASK_EAGER_PROPAGATES = False
+#: Without a broker, eager tasks run in background threads: at most this many at once (each may hold a
+#: database connection); at most EAGER_TASK_QUEUE more wait, past that a task is not started (logged).
+EAGER_TASK_WORKERS = envint("EAGER_TASK_WORKERS", 2)
+EAGER_TASK_QUEUE = envint("EAGER_TASK_QUEUE", 100)
+#: The admin's "send a test alert": at most one per webhook per ALERT_TEST_INTERVAL_SECONDS and
+#: ALERT_TEST_PER_TENANT_PER_MINUTE per tenant.
+ALERT_TEST_INTERVAL_SECONDS = envint("ALERT_TEST_INTERVAL_SECONDS", 10)
+ALERT_TEST_PER_TENANT_PER_MINUTE = envint("ALERT_TEST_PER_TENANT_PER_MINUTE", 6)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_TIME_LIMIT = 30 * 60
 CELERY_TASK_SOFT_TIME_LIMIT = 25 * 60
@@ -214,8 +272,11 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "tenants",
     "audit",
+    "billing",
     "alerts",
     "proxy",
+    "ninja",  # the management API's docs page (its bundled Swagger UI static files)
+    "api",  # the self-service key page and the management REST API (django-ninja)
 ]
 
 MIDDLEWARE = [
@@ -253,6 +314,20 @@ TEMPLATES = [
 ]
 
 
+def _private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 (an empty file is an empty SQLite database, and SQLite gives its
+    -wal / -shm files the database's mode), or take group and other bits off an existing one; never raises
+    (``:memory:`` and paths it cannot touch are left alone)."""
+    if str(path) in ("", ":memory:") or str(path).startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+    except OSError:
+        pass
+
+
 def _database() -> dict[str, Any]:
     default = f"sqlite:///{VAR_DIR / 'toolrelay.sqlite3'}"
     url = envstr("DATABASE_URL", default)
@@ -269,6 +344,7 @@ def _database() -> dict[str, Any]:
                              "tcp_user_timeout": 10_000}
     if config.get("ENGINE") == "django.db.backends.sqlite3":
         Path(str(config["NAME"])).parent.mkdir(parents=True, exist_ok=True)
+        _private_file(Path(str(config["NAME"])))
         config["CONN_MAX_AGE"] = 0
         # WAL lets readers and a writer overlap; IMMEDIATE takes the write lock at BEGIN, so two
         # processes (Daphne and a Celery worker, or a test) wait for each other instead of failing
@@ -303,8 +379,12 @@ OTP_TOTP_ISSUER = "toolrelay"
 TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0)
 AXES_FAILURE_LIMIT = envint("ADMIN_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=envint("ADMIN_LOGIN_COOLOFF_MINUTES", 15))
-#: Locked out separately per account and per address (a list of single parameters, not a combination).
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+#: Locked out per account *and* address together (one address guessing one account), so nobody can lock
+#: an admin out from elsewhere by knowing its user name; beside it, an address with
+#: ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT failed logins (any accounts) within the cool-off is refused
+#: altogether (tenants.admin_site).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT = envint("ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT", 20)
 AXES_RESET_ON_SUCCESS = True
 AXES_ENABLE_ACCESS_FAILURE_LOG = True
 AXES_ENABLE_ADMIN = False  # tenants.admin_site registers its records read-only
@@ -330,7 +410,7 @@ LOGOUT_REDIRECT_URL = "/admin/login/"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # first: refuses locked-out accounts and addresses
     "django.contrib.auth.backends.ModelBackend",
-    *(["mozilla_django_oidc.auth.OIDCAuthenticationBackend"] if OIDC_ENABLED else []),
+    *(["tenants.oidc.ToolrelayOIDCBackend"] if OIDC_ENABLED else []),  # matched on a stored subject
 ]
 if OIDC_ENABLED:
     INSTALLED_APPS.append("mozilla_django_oidc")
@@ -346,6 +426,12 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 #: tenant check. The web process and the Celery worker must share it (or set STORAGES to an object store).
 MEDIA_ROOT = Path(envstr("MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
+#: How often an open live incident feed re-checks its session and memberships (seconds): a logout, a
+#: deactivation or a removed membership closes it within this long.
+LIVE_FEED_RECHECK_SECONDS = envfloat("LIVE_FEED_RECHECK_SECONDS", 10.0)
+#: Report and export files hold tenants' data: readable by toolrelay's user only.
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 
 #: Behind a TLS-terminating reverse proxy: trust its X-Forwarded-Proto, send HSTS, Secure cookies.
 BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", False)
@@ -387,8 +473,13 @@ CONTENT_SECURITY_POLICY = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # LOG_FORMAT=json: one JSON object per line; either way a request's lines carry its request and trace ids
+    # (infra.logcontext).
+    "formatters": {"plain": {"()": "infra.logcontext.PlainFormatter"},
+                   "json": {"()": "infra.logcontext.JsonFormatter"}},
+    "filters": {"context": {"()": "infra.logcontext.ContextFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["context"],
+                             "formatter": "json" if envstr("LOG_FORMAT", "plain").lower() == "json" else "plain"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     # httpx logs every request URL at INFO (a URL may carry what must not be logged).
     "loggers": {"django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"},

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
+from api import rest
 from proxy.edge import health
 
 urlpatterns = [
@@ -13,6 +14,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("account/", include("api.urls")),
+    path("api/v1/", rest.api.urls),
 ]
 
 if settings.OIDC_ENABLED:

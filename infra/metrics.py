@@ -90,6 +90,34 @@ ADDED_LATENCY = Histogram("toolrelay_added_latency_seconds", "Time a client wait
                           "call: retries, backoff and toolrelay's own work (usable answers only).",
                           ["tenant", "route", "upstream", "path"], buckets=_ADDED_BUCKETS)
 
+# GenAI metrics in the semantic conventions' shape (``proxy.telemetry.semconv``, version pinned there), per
+# upstream and upstream model (both configured by an operator, never the client's model string); the
+# buckets are the conventions' advice. Observed per upstream call by ``proxy.telemetry.spans``.
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GEN_AI_TOKENS = Histogram("toolrelay_gen_ai_client_token_usage", "gen_ai.client.token.usage: tokens per upstream "
+                          "call by upstream, upstream model and token type (input, output).",
+                          ["upstream", "model", "token_type"], buckets=_TOKEN_BUCKETS)
+GEN_AI_DURATION = Histogram("toolrelay_gen_ai_client_operation_duration_seconds", "gen_ai.client.operation.duration: "
+                            "seconds per upstream call by upstream, upstream model and error type (empty: none).",
+                            ["upstream", "model", "error_type"], buckets=_DURATION_BUCKETS)
+GEN_AI_TTFT = Histogram("toolrelay_gen_ai_client_time_to_first_chunk_seconds",
+                        "gen_ai.client.operation.time_to_first_chunk: seconds from upstream call to its first body "
+                        "byte, by upstream and upstream model.", ["upstream", "model"], buckets=_TTFT_BUCKETS)
+GEN_AI_TURNS = Counter("toolrelay_gen_ai_turns_total", "Upstream turns by upstream, upstream model and whether the "
+                       "guard found them broken (true: retried or refused; the broken-turn rate).",
+                       ["upstream", "model", "broken"])
+ROUTING_BROKEN_RATE = Gauge("toolrelay_routing_broken_rate", "Live broken-turn rate the router sees (share of "
+                            "guarded first attempts found broken over ROUTING_QUALITY_WINDOW_SECONDS), by tenant, "
+                            "upstream and upstream model; set each time a turn is counted.",
+                            ["tenant", "upstream", "model"], multiprocess_mode="livemostrecent")
+ROUTING_WINDOW_TURNS = Gauge("toolrelay_routing_window_turns", "Guarded first attempts in the router's window, by "
+                             "tenant, upstream and upstream model.", ["tenant", "upstream", "model"],
+                             multiprocess_mode="livemostrecent")
+SPANS_DROPPED = Counter("toolrelay_trace_spans_dropped_total", "Trace spans not exported, by reason (queue_full: the "
+                        "batch queue was full; export_failed: the collector refused or could not be reached).",
+                        ["reason"])
+
 
 class _Bounded:
     """Per-label sets of the values seen; a value past ``LABEL_VALUES_MAX`` becomes ``OTHER``."""
@@ -159,10 +187,31 @@ def observe_attempt(labels: RequestLabels, *, upstream: str, outcome: str, ttfb:
         FINDINGS.labels(kind=bounded("kind", kind)).inc()
 
 
+COST_USD = Counter("toolrelay_cost_usd_total", "USD spent upstream at the prices in force (billing), by tenant, "
+                   "upstream model, upstream and kind (delivered: the attempt the client got; wasted: attempts "
+                   "discarded as broken, cut or refused).", ["tenant", "model", "upstream", "kind"])
+
+
+def observe_cost(labels: RequestLabels, *, upstream: str, model: str, usd: float, kind: str) -> None:
+    """Count ``usd`` (>= 0) spent on one attempt to ``upstream`` / ``model``; ``kind`` ``delivered`` or ``wasted``."""
+    if usd > 0:
+        COST_USD.labels(tenant=labels.tenant, model=bounded("model", model), upstream=bounded("upstream", upstream),
+                        kind="delivered" if kind == "delivered" else "wasted").inc(usd)
+
+
 def observe_retry(labels: RequestLabels, *, upstream: str, cause: str) -> None:
     """Count a retry after a failed call to ``upstream``; ``cause`` is one of ``RETRY_CAUSES``."""
     RETRIES.labels(tenant=labels.tenant, route=labels.route, upstream=bounded("upstream", upstream), path=labels.path,
                    cause=cause if cause in RETRY_CAUSES else OTHER).inc()
+
+
+def observe_broken_rate(labels: RequestLabels, *, upstream: str, model: str, rate: float | None,
+                        turns: float) -> None:
+    """Show the router's live broken-turn rate of ``upstream`` / ``model`` (None: no turn in the window)."""
+    names = {"tenant": labels.tenant, "upstream": bounded("upstream", upstream), "model": bounded("model", model)}
+    ROUTING_WINDOW_TURNS.labels(**names).set(turns)
+    if rate is not None:
+        ROUTING_BROKEN_RATE.labels(**names).set(rate)
 
 
 def observe_request(tenant: str | RequestLabels, path: str | None = None, outcome: str = UNKNOWN,

@@ -6,7 +6,7 @@ operator's allow-list ``settings.UPSTREAM_ALLOW_NETWORKS`` (CIDRs, environment o
 loopback, unspecified, link-local (incl. the cloud metadata addresses ``169.254.169.254`` and
 ``fd00:ec2::254``), private (RFC 1918, unique-local), shared CGNAT space (``100.64.0.0/10``),
 multicast, reserved / documentation / benchmarking ranges, and the IPv6 forms that embed one of
-those IPv4 addresses (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64
+those IPv4 addresses (IPv4-mapped ``::ffff:a.b.c.d``, SIIT ``::ffff:0:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64
 ``64:ff9b::/96``, 6to4 ``2002::/16``). Ranges from the IANA special-purpose address registries
 (RFC 6890, https://www.iana.org/assignments/iana-ipv4-special-registry and -ipv6-); anything else
 the standard library does not call global is refused too.
@@ -74,6 +74,8 @@ _V6_REFUSED: tuple[tuple[IPv6Network, str], ...] = tuple((IPv6Network(net), why)
 ))
 _V4_COMPATIBLE = IPv6Network("::/96")
 _NAT64 = IPv6Network("64:ff9b::/96")
+#: SIIT's IPv4-translated addresses ``::ffff:0:a.b.c.d`` (RFC 2765 section 2.1).
+_IPV4_TRANSLATED = IPv6Network("::ffff:0:0:0/96")
 #: Names that always mean this host (RFC 6761 section 6.3), whatever a resolver says.
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
@@ -132,6 +134,8 @@ def _embedded_ipv4(address: IPv6Address) -> tuple[IPv4Address, str] | None:
         return address.ipv4_mapped, "IPv4-mapped"
     if address in _NAT64:
         return IPv4Address(int(address) & 0xFFFFFFFF), "NAT64"
+    if address in _IPV4_TRANSLATED:
+        return IPv4Address(int(address) & 0xFFFFFFFF), "IPv4-translated"
     if address.sixtofour is not None:
         return address.sixtofour, "6to4"
     if address in _V4_COMPATIBLE and int(address) > 1:

@@ -7,7 +7,11 @@ What it offers (all ``async``, safe on the event loop):
   approximation Cloudflare and redis-cell use) or fixed (calendar days and months: ``bucket`` and
   ``reset_at`` given by the caller). ``admit`` checks every window and every concurrency lease of a
   request and, only when all pass, counts them: atomically, in one Lua script, one round trip.
-  ``add`` corrects counts afterwards (tokens estimated before, known after).
+  ``add`` corrects counts afterwards (tokens estimated before, known after); ``settle`` does that and
+  gives the request's leases back in one round trip too. Both scripts are registered once per event
+  loop and called by ``EVALSHA`` (redis-py loads a script again after a Redis restart); the admission's
+  numbers go as one JSON argument and come back as one string (packing and reading ~100 arguments and
+  a nested reply was most of its client-side cost; ``bench/limits_micro.py``).
 - **Leases** (``Lease``): a concurrency slot held by one request, with an expiry, so a slot held by a
   process that died frees itself; ``release`` gives it back.
 - **Remembered values** with a TTL (``remember`` / ``recall``) and **lists** with a TTL and a length
@@ -30,6 +34,7 @@ Times are Unix seconds (``clock``, injectable for tests); counts are integers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import threading
@@ -149,6 +154,11 @@ class SharedState(ABC):
     async def release(self, leases: Sequence[Lease]) -> None:
         """Give the leases back (a lease already expired is no error)."""
 
+    async def settle(self, adjustments: Sequence[tuple[Window, int]], leases: Sequence[Lease]) -> None:
+        """``add(adjustments)`` and ``release(leases)`` together: a request's settle (one round trip in Redis)."""
+        await self.add(adjustments)
+        await self.release(leases)
+
     @abstractmethod
     async def renew(self, leases: Sequence[Lease]) -> None:
         """Extend the leases still held to ``ttl`` seconds from now (one round trip); an expired lease is
@@ -161,6 +171,15 @@ class SharedState(ABC):
     @abstractmethod
     async def recall(self, key: str) -> str | None:
         """The value remembered under ``key``, None when none (or expired, or unknown: fail open)."""
+
+    async def recall_many(self, keys: Sequence[str]) -> list[str | None]:
+        """``recall`` of each of ``keys``, in order, in one round trip (all None when unavailable)."""
+        return [await self.recall(key) for key in keys]
+
+    @abstractmethod
+    async def claim(self, key: str, value: str, ttl: float) -> bool:
+        """Remember ``value`` under ``key`` for ``ttl`` seconds only if nothing is there: True when this
+        call set it (one process wins; unavailable: True, fail open)."""
 
     @abstractmethod
     async def append(self, key: str, value: str, ttl: float, max_len: int = 100) -> None:
@@ -226,12 +245,12 @@ class MemoryState(SharedState):
 
     async def admit(self, windows: Sequence[Window], leases: Sequence[Lease] = ()) -> Verdict:
         now = self.clock()
+        spans = [w.buckets(now) for w in windows]  # once per window: the key, the check and the usage use it
         with self._lock:
             self._sweep(now)
             refused: Window | Lease | None = None
             used: list[float] = []
-            for w in windows:
-                current, previous, weight, _ = w.buckets(now)
+            for w, (current, previous, weight, _) in zip(windows, spans, strict=True):
                 u = self._count(f"{w.name}:{current}", now) + (
                     self._count(f"{w.name}:{previous}", now) * weight if weight > 0 else 0.0)
                 used.append(u)
@@ -243,16 +262,18 @@ class MemoryState(SharedState):
                     refused = lease
             if refused is None:
                 for i, w in enumerate(windows):
-                    self._bump(w, w.cost, now)
+                    self._bump_key(f"{w.name}:{spans[i][0]}", w.cost, now + w.ttl(now), now)
                     used[i] += w.cost
                 for i, lease in enumerate(leases):
                     self._leases[lease.name][lease.holder] = now + lease.ttl
                     held[i] += 1
-        return Verdict(refused, _usage(windows, [_ceil(u) for u in used], now), tuple(held))
+        return Verdict(refused, _usage(windows, [_ceil(u) for u in used], [b[3] for b in spans]), tuple(held))
 
     def _bump(self, w: Window, delta: int, now: float) -> None:
-        key = f"{w.name}:{w.buckets(now)[0]}"
-        self._counts[key] = (max(0, self._count(key, now) + delta), now + w.ttl(now))
+        self._bump_key(f"{w.name}:{w.buckets(now)[0]}", delta, now + w.ttl(now), now)
+
+    def _bump_key(self, key: str, delta: int, expires: float, now: float) -> None:
+        self._counts[key] = (max(0, self._count(key, now) + delta), expires)
 
     async def add(self, adjustments: Sequence[tuple[Window, int]]) -> None:
         now = self.clock()
@@ -283,6 +304,15 @@ class MemoryState(SharedState):
         with self._lock:
             hit = self._values.get(key)
         return hit[0] if hit is not None and hit[1] > self.clock() else None
+
+    async def claim(self, key: str, value: str, ttl: float) -> bool:
+        now = self.clock()
+        with self._lock:
+            hit = self._values.get(key)
+            if hit is not None and hit[1] > now:
+                return False
+            self._values[key] = (value, now + ttl)
+            return True
 
     async def append(self, key: str, value: str, ttl: float, max_len: int = 100) -> None:
         now = self.clock()
@@ -330,74 +360,85 @@ def _ceil(used: float) -> int:
     return math.ceil(used - _EPS)
 
 
-def _usage(windows: Sequence[Window], used: Sequence[int], now: float) -> tuple[WindowUsage, ...]:
-    return tuple(WindowUsage(w, int(u), w.buckets(now)[3]) for w, u in zip(windows, used, strict=True))
+def _usage(windows: Sequence[Window], used: Sequence[int], resets: Sequence[float]) -> tuple[WindowUsage, ...]:
+    return tuple(WindowUsage(w, int(u), r) for w, u, r in zip(windows, used, resets, strict=True))
 
 
 # ----- Redis -----
 
-#: KEYS: per window its current and previous bucket, then one sorted set per lease.
-#: ARGV: now, #windows, #leases; per window: limit (-1: none), cost, weight, strict (1/0), ttl (ms);
-#: per lease: limit (-1: none), holder, expires at. Returns {refused (1-based, 0: admitted), used, held}.
+#: KEYS: per window its current bucket, then the previous bucket of each sliding window (weight > 0), in
+#: window order, then one sorted set per lease.
+#: ARGV[1]: one JSON array (one argument to encode and send, not five per window): now, #windows, #leases,
+#: #previous buckets; per window: limit (-1: none), cost, weight (0: no previous bucket), strict (1/0), ttl
+#: (ms); per lease: limit (-1: none), holder, expires at.
+#: Returns ``"refused|used used ...|held held ..."`` (refused 1-based, 0: admitted; one string to read back).
 #: A sliding window's count is fractional (the previous bucket weighted): compared as such, reported
-#: rounded up (``_over`` and ``_ceil`` do the same in memory).
+#: rounded up (``_over`` and ``_ceil`` do the same in memory). A bucket's expiry is set when it is made
+#: (``PEXPIRE NX``): ``Window.ttl`` from then covers its life as the current and then the previous bucket.
 _ADMIT = """
 local EPS = 1e-9
-local now = tonumber(ARGV[1])
-local nw, nl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local A = cjson.decode(ARGV[1])
+local now, nw, nl, np = A[1], A[2], A[3], A[4]
 local used, held, refused = {}, {}, 0
-local a = 4
+local a, p = 5, nw
 for i = 1, nw do
-  local limit, cost, weight = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local u = tonumber(redis.call('GET', KEYS[2 * i - 1]) or '0')
-  if weight > 0 then u = u + tonumber(redis.call('GET', KEYS[2 * i]) or '0') * weight end
+  local limit, cost, weight = A[a], A[a + 1], A[a + 2]
+  local u = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if weight > 0 then
+    p = p + 1
+    u = u + tonumber(redis.call('GET', KEYS[p]) or '0') * weight
+  end
   used[i] = u
   if refused == 0 and limit >= 0 then
-    if (ARGV[a + 3] == '1' and u + cost > limit + EPS) or (ARGV[a + 3] ~= '1' and u >= limit - EPS) then
+    if (A[a + 3] == 1 and u + cost > limit + EPS) or (A[a + 3] ~= 1 and u >= limit - EPS) then
       refused = i
     end
   end
   a = a + 5
 end
-local la = a
+local la, lk = a, nw + np
 for j = 1, nl do
-  local key = KEYS[2 * nw + j]
+  local key = KEYS[lk + j]
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   held[j] = redis.call('ZCARD', key)
-  local limit = tonumber(ARGV[a])
+  local limit = A[a]
   if refused == 0 and limit >= 0 and held[j] >= limit then refused = nw + j end
   a = a + 3
 end
 if refused == 0 then
-  a = 4
+  a = 5
   for i = 1, nw do
-    local key, cost = KEYS[2 * i - 1], tonumber(ARGV[a + 1])
-    if cost ~= 0 then redis.call('INCRBY', key, cost) end
-    if redis.call('PTTL', key) < tonumber(ARGV[a + 4]) then redis.call('PEXPIRE', key, ARGV[a + 4]) end
+    local cost = A[a + 1]
+    if cost ~= 0 then redis.call('INCRBY', KEYS[i], string.format('%d', cost)) end
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', A[a + 4]), 'NX')
     used[i] = used[i] + cost
     a = a + 5
   end
   a = la
   for j = 1, nl do
-    local key, expires = KEYS[2 * nw + j], tonumber(ARGV[a + 2])
-    redis.call('ZADD', key, expires, ARGV[a + 1])
+    local key, expires = KEYS[lk + j], A[a + 2]
+    redis.call('ZADD', key, string.format('%.6f', expires), A[a + 1])
     local ms = math.ceil((expires - now) * 1000) + 1000
     if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
     held[j] = held[j] + 1
     a = a + 3
   end
 end
-for i = 1, nw do used[i] = math.ceil(used[i] - EPS) end
-return {refused, used, held}
+for i = 1, nw do used[i] = string.format('%d', math.ceil(used[i] - EPS)) end
+for j = 1, nl do held[j] = string.format('%d', held[j]) end
+return refused .. '|' .. table.concat(used, ' ') .. '|' .. table.concat(held, ' ')
 """
 
-#: KEYS: buckets; ARGV: per bucket delta, ttl (ms). Never below 0.
-_ADD = """
-for i = 1, #KEYS do
-  local v = redis.call('INCRBY', KEYS[i], ARGV[2 * i - 1])
+#: A request's settle in one call. KEYS: the buckets to correct, then the leases' sorted sets; ARGV: the
+#: number of buckets; per bucket delta, ttl (ms) (never below 0); per lease its holder (taken out).
+_SETTLE = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local v = redis.call('INCRBY', KEYS[i], ARGV[2 * i])
   if v < 0 then redis.call('SET', KEYS[i], 0) end
-  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i]) then redis.call('PEXPIRE', KEYS[i], ARGV[2 * i]) end
+  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i + 1]) then redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1]) end
 end
+for j = n + 1, #KEYS do redis.call('ZREM', KEYS[j], ARGV[n + 1 + j]) end
 return 0
 """
 
@@ -429,7 +470,7 @@ class RedisState(SharedState):
             client = redis.asyncio.Redis.from_url(self.url, socket_timeout=self.timeout,
                                                   socket_connect_timeout=self.timeout, retry_on_timeout=False)
             self._clients[loop] = client
-            self._scripts[loop] = (client.register_script(_ADMIT), client.register_script(_ADD))
+            self._scripts[loop] = (client.register_script(_ADMIT), client.register_script(_SETTLE))
         return client
 
     def _script(self, which: int) -> Any:
@@ -450,7 +491,8 @@ class RedisState(SharedState):
             metrics.LIMITS_FAIL_OPEN.labels(op=op).inc()
             return default
         try:
-            result = await asyncio.wait_for(make(), timeout=self.timeout)
+            async with asyncio.timeout(self.timeout):  # no task per call, unlike ``wait_for`` before 3.12
+                result = await make()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - fail open on anything Redis does (module docstring)
@@ -470,43 +512,52 @@ class RedisState(SharedState):
 
     async def admit(self, windows: Sequence[Window], leases: Sequence[Lease] = ()) -> Verdict:
         now = self.clock()
+        prefix = self.prefix
         keys: list[str] = []
-        args: list[Any] = [repr(now), len(windows), len(leases)]
+        previous: list[str] = []
+        resets: list[float] = []
+        args: list[Any] = [now, len(windows), len(leases), 0]
         for w in windows:
-            current, previous, weight, _ = w.buckets(now)
-            keys += [self._k(f"w:{w.name}:{current}"), self._k(f"w:{w.name}:{previous or current}")]
-            args += [-1 if w.limit is None else w.limit, w.cost, repr(weight), 1 if w.strict else 0,
-                     math.ceil(w.ttl(now) * 1000)]
+            current, before, weight, reset = w.buckets(now)
+            keys.append(f"{prefix}w:{w.name}:{current}")
+            if weight > 0:
+                previous.append(f"{prefix}w:{w.name}:{before}")
+            resets.append(reset)
+            args += (-1 if w.limit is None else w.limit, w.cost, weight, 1 if w.strict else 0,
+                     math.ceil(w.ttl(now) * 1000))
+        args[3] = len(previous)
+        keys += previous
         for lease in leases:
-            keys.append(self._k(f"l:{lease.name}"))
-            args += [-1 if lease.limit is None else lease.limit, lease.holder, repr(now + lease.ttl)]
-        unchecked = Verdict(None, _usage(windows, [0] * len(windows), now), (0,) * len(leases), fail_open=True)
-        answer = await self._call("admit", lambda: self._script(0)(keys=keys, args=args), None)
+            keys.append(f"{prefix}l:{lease.name}")
+            args += (-1 if lease.limit is None else lease.limit, lease.holder, now + lease.ttl)
+        packed = [json.dumps(args, separators=(",", ":"))]
+        answer = await self._call("admit", lambda: self._script(0)(keys=keys, args=packed), None)
         if answer is None:
-            return unchecked
-        index, used, held = int(answer[0]), [int(u) for u in answer[1]], tuple(int(h) for h in answer[2])
+            return Verdict(None, _usage(windows, [0] * len(windows), resets), (0,) * len(leases), fail_open=True)
+        first, counts, slots = (answer.decode() if isinstance(answer, bytes) else str(answer)).split("|")
+        index, used = int(first), [int(u) for u in counts.split()]
+        held = tuple(int(h) for h in slots.split())
         refused: Window | Lease | None = None
         if index:
             refused = windows[index - 1] if index <= len(windows) else leases[index - 1 - len(windows)]
-        return Verdict(refused, _usage(windows, used, now), held)
+        return Verdict(refused, _usage(windows, used, resets), held)
 
     async def add(self, adjustments: Sequence[tuple[Window, int]]) -> None:
+        await self.settle(adjustments, ())
+
+    async def settle(self, adjustments: Sequence[tuple[Window, int]], leases: Sequence[Lease]) -> None:
         now = self.clock()
         keys = [self._k(f"w:{w.name}:{w.buckets(now)[0]}") for w, _ in adjustments]
-        args: list[Any] = []
+        args: list[Any] = [len(keys)]
         for w, delta in adjustments:
-            args += [int(delta), math.ceil(w.ttl(now) * 1000)]
+            args += (int(delta), math.ceil(w.ttl(now) * 1000))
+        keys += [self._k(f"l:{lease.name}") for lease in leases]
+        args += [lease.holder for lease in leases]
         if keys:
-            await self._call("add", lambda: self._script(1)(keys=keys, args=args), None)
+            await self._call("settle" if leases else "add", lambda: self._script(1)(keys=keys, args=args), None)
 
     async def release(self, leases: Sequence[Lease]) -> None:
-        async def run() -> None:
-            async with self._client().pipeline(transaction=False) as pipe:
-                for lease in leases:
-                    pipe.zrem(self._k(f"l:{lease.name}"), lease.holder)
-                await pipe.execute()
-        if leases:
-            await self._call("release", run, None)
+        await self.settle((), leases)
 
     async def renew(self, leases: Sequence[Lease]) -> None:
         now = self.clock()
@@ -526,6 +577,18 @@ class RedisState(SharedState):
     async def remember(self, key: str, value: str, ttl: float) -> None:
         await self._call("remember", lambda: self._client().set(self._k(f"v:{key}"), value,
                                                                  px=max(1, math.ceil(ttl * 1000))), None)
+
+    async def recall_many(self, keys: Sequence[str]) -> list[str | None]:
+        if not keys:
+            return []
+        nothing: list[Any] = [None] * len(keys)
+        raw = await self._call("recall", lambda: self._client().mget([self._k(f"v:{k}") for k in keys]), nothing)
+        return [r.decode() if isinstance(r, bytes) else r for r in raw]
+
+    async def claim(self, key: str, value: str, ttl: float) -> bool:
+        won = await self._call("claim", lambda: self._client().set(self._k(f"v:{key}"), value, nx=True,
+                                                                   px=max(1, math.ceil(ttl * 1000))), True)
+        return bool(won)
 
     async def recall(self, key: str) -> str | None:
         raw = await self._call("recall", lambda: self._client().get(self._k(f"v:{key}")), None)

@@ -3,10 +3,11 @@
 Builds a throwaway SQLite database in ``var/browser/`` with a superuser and a few hours of audit rows
 (every outcome, attempts, findings), serves it with Daphne on a free port, logs in with Selenium
 (Debian's ``chromium`` and ``chromedriver``), and saves screenshots of the proxy requests list, a
-request's page, the dashboard and the live incidents page into ``var/browser/``; the live page's
-WebSocket must open (its script runs under the CSP, and connect-src lets it connect). It fails (exit 1)
-when the requests list does not fit (the outcome column must be visible, and the last column must end
-inside the window) or when the live feed does not connect.
+request's page, the dashboard, the findings and reports lists and the live incidents page into
+``var/browser/``; the live page's WebSocket must open (its script runs under the CSP, and connect-src
+lets it connect). It fails (exit 1) when a list does not fit (requests: the outcome column must be
+visible; requests, findings, reports: the last column must end inside the window) or when the live
+feed does not connect.
 
     .venv/bin/python scripts/browser_check.py [--keep]     # --keep: leave the server running
 """
@@ -94,6 +95,12 @@ def seed(password: str) -> None:
             if outcome == "normalized":
                 Finding.objects.create(request=row, tenant_id_copy=done.tenant.pk, kind="sse-comment-keepalives",
                                        severity="info", action="ignored", detail="2 comment lines skipped")
+    # A finished CSV report (two downloads: the list showed only the first at 1400 px).
+    from audit.models import Report
+
+    Report.objects.create(since=now - timedelta(days=1), until=now, format="csv", status="done", progress=100,
+                          file="reports/2026/01/report-1-requests.csv",
+                          findings_file="reports/2026/01/report-1-findings.csv")
 
 
 def serve(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
@@ -170,6 +177,21 @@ def check_list(driver: Any) -> list[str]:
     return problems
 
 
+def check_fits(driver: Any, name: str) -> list[str]:
+    """Problems with another list at 1400 px (the findings, the reports): its last column past the edge
+    of the list's visible box, or its page without rows (nothing was checked)."""
+    from selenium.webdriver.common.by import By
+
+    right = float(driver.execute_script(_VISIBLE_RIGHT))
+    headers = driver.find_elements(By.CSS_SELECTOR, "#result_list thead th")
+    if not driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"):
+        return [f"the {name} list has no rows"]
+    end = headers[-1].rect["x"] + headers[-1].rect["width"]
+    if end > right + 1:
+        return [f"the {name} list's last column ends at {end:.0f} px, its visible box at {right:.0f} px"]
+    return []
+
+
 def check_live_feed(driver: Any, base: str) -> list[str]:
     """The live incidents page: its script runs under the CSP and its WebSocket opens (within 10 s)."""
     driver.get(f"{base}/admin/audit/proxyrequest/incidents/")
@@ -215,6 +237,10 @@ def run(keep: bool) -> int:
         shots.append(shoot(driver, link, "request-page.png", full=True))
         shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/dashboard/", "dashboard.png", full=True))
         shots.append(shoot(driver, f"{base}/admin/", "index.png"))
+        shots.append(shoot(driver, f"{base}/admin/audit/finding/?severity=all", "findings-list.png"))
+        problems += check_fits(driver, "findings")
+        shots.append(shoot(driver, f"{base}/admin/audit/report/", "reports-list.png"))
+        problems += check_fits(driver, "reports")
         problems += check_live_feed(driver, base)
         shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/incidents/", "live-incidents.png"))
     finally:
@@ -228,7 +254,7 @@ def run(keep: bool) -> int:
         print(f"screenshot: {shot.relative_to(ROOT)}")
     for problem in problems:
         print(f"FAIL: {problem}")
-    print("requests list at 1400 px: " + ("the outcome column is visible and every column fits" if not problems
+    print("lists at 1400 px: " + ("the outcome column is visible and every column fits" if not problems
                                           else f"{len(problems)} problem(s)"))
     return 1 if problems else 0
 

@@ -13,6 +13,28 @@ SITE_URL=${SITE_URL:-http://127.0.0.1:$PORT}
 export SIMULATOR_PORT SITE_URL
 children=()
 
+# A port already taken (another `make run`?) stops here, before anything is written or moved: var/run.env
+# and the demo tenant's upstream stay those of the demo that is running.
+port_free() {
+  "$PY" -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: a TIME_WAIT port is free
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)' "$1"
+}
+taken=()
+port_free "$PORT" || taken+=("PORT=$PORT")
+if [[ -z "${UPSTREAM_URL:-}" ]]; then
+  port_free "$SIMULATOR_PORT" || taken+=("SIMULATOR_PORT=$SIMULATOR_PORT")
+fi
+if (( ${#taken[@]} )); then
+  echo "make run: 127.0.0.1 port already in use (${taken[*]}); is another \`make run\` serving?" >&2
+  echo "Stop it, or choose other ports: PORT=8010 SIMULATOR_PORT=8011 make run. Nothing was changed." >&2
+  exit 1
+fi
+
 # Saved for what runs next to the demo: manage.py (the URLs that `apikey create`, `provision` and
 # `demo_setup` print) and scripts/tool_call_demo.py (where to send) read it.
 mkdir -p var

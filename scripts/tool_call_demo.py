@@ -193,6 +193,11 @@ def problem(client: openai.OpenAI, model: str, marker: str) -> str | None:
         message = completion.choices[0].message
     except openai.APIConnectionError:
         raise
+    except openai.APIError as exc:
+        # toolrelay's terminal error (exhaustion policy ``fail``, the default): the turn was refused, not broken.
+        if EXHAUSTED_PREFIX in str(exc.message):
+            return "toolrelay gave up (retries exhausted)"
+        return f"client error: {type(exc).__name__}"
     except Exception as exc:  # noqa: BLE001 - any SDK failure is a broken turn for the agent
         return f"client error: {type(exc).__name__}"
     return message_problem(message)

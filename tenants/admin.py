@@ -29,8 +29,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from tenants import crypto, revocation
+from tenants.admin_invite import MemberInviteForm, invite_link, invite_or_errors
 from tenants.admin_site import register_login_trail
-from tenants.limits import LIMIT_NAMES
+from tenants.limits import HOLDER_NAMES, LIMIT_NAMES
 from tenants.models import (
     ApiKey,
     Membership,
@@ -39,13 +40,21 @@ from tenants.models import (
     RouteFallback,
     Tenant,
     Upstream,
+    UpstreamCredential,
     UpstreamLearnedLimit,
     validate_extra_headers,
     validate_header_value,
 )
 from tenants.policy_forms import PolicyFormMixin, policy_summary
+from tenants.pools import upstreams_status
 from tenants.selectors import tenants_for_user
-from tenants.services import api_key_create, api_key_revoke, learned_limit_forget, learned_limit_save
+from tenants.services import (
+    api_key_create,
+    api_key_revoke,
+    learned_limit_forget,
+    learned_limit_save,
+    upstream_key_add,
+)
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -215,7 +224,8 @@ class PolicyAdminMixin:
 
 
 LIMITS_HELP = ("Empty: no limit; 0 blocks. Over a rate the client gets HTTP 429 with Retry-After; over a day's or "
-               "month's tokens a 429 insufficient_quota that agents do not retry.")
+               "month's tokens or a money budget a 429 insufficient_quota that agents do not retry. The soft "
+               "threshold (a percent of each money budget) tells the alert webhooks and the live feed first.")
 
 
 class TenantForm(PolicyFormMixin):
@@ -224,7 +234,7 @@ class TenantForm(PolicyFormMixin):
 
     class Meta:
         model = Tenant
-        fields = ("name", "slug", "active", "default_upstream", *PolicyFields.POLICY_FIELDS, *LIMIT_NAMES)
+        fields = ("name", "slug", "active", "default_upstream", *PolicyFields.POLICY_FIELDS, *HOLDER_NAMES)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -251,12 +261,13 @@ class TenantAdmin(PolicyAdminMixin, TenantScopedAdmin[Tenant]):
         (None, {"fields": ("name", "slug", "active", "default_upstream", "created")}),
         ("Guard policy defaults", {"fields": PolicyFields.POLICY_FIELDS,
                                    "description": POLICY_HELP.format("toolrelay's default")}),
-        ("Limits", {"fields": LIMIT_NAMES, "description": LIMITS_HELP}),
+        ("Limits", {"fields": HOLDER_NAMES, "description": LIMITS_HELP}),
     )
     inlines = (ApiKeyInline,)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # A tenant's limits bound what its own admins may do: only superusers change them.
+        # A tenant's limits bound what its own admins may do: only superusers change them (its admins may set
+        # the soft threshold of its money budgets: it refuses nothing).
         own = () if request.user.is_superuser else LIMIT_NAMES
         return (*super().get_readonly_fields(request, obj), *own)
 
@@ -331,17 +342,17 @@ class KeyStatusFilter(admin.SimpleListFilter):
 class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
     """API keys: listed by prefix, created on a one-time page, revoked by an action; the digest is hidden."""
 
-    list_display = ("key", "name", "tenant", "status", "created", "last_used", "expires")
+    list_display = ("key", "name", "tenant", "member", "status", "created", "last_used", "expires")
     list_filter = (TenantFilter, KeyStatusFilter)
-    search_fields = ("name", "prefix")
-    list_select_related = ("tenant",)
+    search_fields = ("name", "prefix", "member__user__username")
+    list_select_related = ("tenant", "member__user")
     actions = ("revoke",)
     fieldsets = (
-        (None, {"fields": ("tenant", "key", "name", "created", "last_used", "expires", "revoked_at")}),
-        ("Limits", {"fields": LIMIT_NAMES, "description": LIMITS_HELP + " A key's limits apply within its "
+        (None, {"fields": ("tenant", "key", "name", "member", "created", "last_used", "expires", "revoked_at")}),
+        ("Limits", {"fields": HOLDER_NAMES, "description": LIMITS_HELP + " A key's limits apply within its "
                     "tenant's and may not be above them."}),
     )
-    readonly_fields = ("tenant", "key", "created", "last_used", "revoked_at")
+    readonly_fields = ("tenant", "key", "member", "created", "last_used", "revoked_at")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         """Save (``ApiKey.clean`` refused limits above the tenant's), then tell every proxy process."""
@@ -450,6 +461,10 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
         help_text='Write-only JSON object sent with every request, e.g. {"X-Org-Id": "…"}. Blank keeps the '
                   "stored headers.")
     clear_extra_headers = forms.BooleanField(label="Remove extra headers", required=False)
+    new_pool_keys = forms.CharField(
+        label="Add pool keys", required=False, strip=False, widget=WriteOnlyTextarea(attrs={"rows": 3}),
+        help_text="Write-only: more API keys for this upstream, one per line (weight 1; a key already in the "
+                  "pool is not added again). Requests pick among the healthy keys by weight (docs/routing.md).")
     # Declared so that a scheme-less URL means https (Django 6's default; 5.2 warns otherwise).
     base_url = forms.URLField(max_length=500, assume_scheme="https",
                               help_text=Upstream._meta.get_field("base_url").help_text)
@@ -457,7 +472,7 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = Upstream
         fields = ("tenant", "name", "base_url", "enabled", "connect_timeout", "first_byte_timeout", "idle_timeout",
-                  "request_deadline")
+                  "request_deadline", "text_continuation")
 
     def clean(self) -> dict[str, Any]:
         """Stored secrets stay bound to the host they were entered for: moving the upstream to another
@@ -472,7 +487,18 @@ class UpstreamForm(forms.ModelForm):  # type: ignore[type-arg]
             self.add_error("new_credential", "The host changed: enter the credential again, or remove it.")
         if instance.extra_headers_encrypted and not (data.get("new_extra_headers") or data.get("clear_extra_headers")):
             self.add_error("new_extra_headers", "The host changed: enter the extra headers again, or remove them.")
+        if instance.credentials.exists():
+            self.add_error("base_url", "The host changed: delete the pool keys first (below), then add them again.")
         return data
+
+    def clean_new_pool_keys(self) -> list[str]:
+        """One key per line, each a valid header value; at most 50."""
+        lines = [line for line in self.cleaned_data.get("new_pool_keys", "").splitlines() if line.strip()]
+        if len(lines) > 50:
+            raise ValidationError("At most 50 keys at once.")
+        for line in lines:
+            validate_header_value(line, what="A pool key")
+        return lines
 
     def clean_new_credential(self) -> str:
         """No line breaks, control characters or surrounding spaces (they would break the header)."""
@@ -505,7 +531,38 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
-SECRET_FORM_FIELDS = ("new_credential", "clear_credential", "new_extra_headers", "clear_extra_headers")
+SECRET_FORM_FIELDS = ("new_credential", "clear_credential", "new_extra_headers", "clear_extra_headers",
+                      "new_pool_keys")
+
+
+class UpstreamCredentialInline(TabularInline[UpstreamCredential, Upstream]):
+    """The upstream's pool keys beyond its own credential: masked, weight and switch editable; added through
+    the write-only "Add pool keys" field."""
+
+    model = UpstreamCredential
+    fields = ("key", "hint", "weight", "enabled", "created")
+    readonly_fields = ("key", "hint", "created")
+    extra = 0
+    verbose_name = "pool key"
+
+    @admin.display(description="id")
+    def key(self, obj: UpstreamCredential) -> str:
+        return obj.key_id if obj.pk else "—"
+
+    def _tenant(self, obj: Upstream | None) -> int | None:
+        return None if obj is None else obj.tenant_id
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._tenant(obj), "view")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._tenant(obj), "change")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _allowed(request, self._tenant(obj), "change")
 
 
 @admin.register(Upstream)
@@ -513,16 +570,19 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     """Upstreams: the credential is write-only and shown masked (``sk-…3f9a``)."""
 
     form = UpstreamForm
+    inlines = (UpstreamCredentialInline,)
     list_display = ("name", "tenant", "shown_url", "masked_credential", "enabled", "connect_timeout",
                     "first_byte_timeout", "idle_timeout")
     list_filter = (TenantFilter, "enabled")
     search_fields = ("name", "base_url", "tenant__name")
     list_select_related = ("tenant",)
-    readonly_fields = ("masked_credential", "extra_headers_state", "created", "shown_url", "learned_limits")
+    readonly_fields = ("masked_credential", "extra_headers_state", "created", "shown_url", "learned_limits",
+                       "routing_state")
     fieldsets = (
-        (None, {"fields": ("tenant", "name", "base_url", "enabled", "created")}),
+        (None, {"fields": ("tenant", "name", "base_url", "enabled", "text_continuation", "created")}),
+        ("Health and keys (live)", {"fields": ("routing_state",)}),
         ("Learned from its errors", {"fields": ("learned_limits",)}),
-        ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential",
+        ("Secrets", {"fields": ("masked_credential", "new_credential", "clear_credential", "new_pool_keys",
                                 "extra_headers_state", "new_extra_headers", "clear_extra_headers")}),
         ("Timeouts (seconds)", {"fields": ("connect_timeout", "first_byte_timeout", "idle_timeout",
                                            "request_deadline")}),
@@ -539,6 +599,19 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
     @admin.display(description="extra headers")
     def extra_headers_state(self, obj: Upstream) -> str:
         return "set (hidden)" if obj.extra_headers_encrypted else "—"
+
+    @admin.display(description="state")
+    def routing_state(self, obj: Upstream) -> str:
+        """The circuit and every pool key's state and cool-down, from the shared state (docs/routing.md)."""
+        if not obj.pk:
+            return "—"
+        (found,) = upstreams_status([obj])
+        until = f" until {found['circuit_until']}" if found["circuit_until"] else ""
+        keys = [(k["id"], k["hint"] or "(none)", k["weight"], k["state"], f" until {k['until']}" if k["until"] else "")
+                for k in found["keys"]]
+        return format_html("<p>circuit: <b>{}</b>{}</p><ul>{}</ul>", found["circuit"], until,
+                           format_html_join("", "<li>key {} {} (weight {}): <b>{}</b>{}</li>", keys) if keys
+                           else format_html("<li>{}</li>", "no credential"))
 
     @admin.display(description="learned limits")
     def learned_limits(self, obj: Upstream) -> str:
@@ -569,6 +642,8 @@ class UpstreamAdmin(TenantScopedAdmin[Upstream]):
         elif data.get("new_extra_headers") is not None:
             obj.set_extra_headers(data["new_extra_headers"])
         super().save_model(request, obj, form, change)
+        for raw in data.get("new_pool_keys") or ():
+            upstream_key_add(upstream=obj, raw=raw)
 
 
 # ----- routes -----
@@ -605,7 +680,7 @@ class RouteForm(PolicyFormMixin):
 
     class Meta:
         model = ModelRoute
-        fields = ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
+        fields = ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens", "continue_text",
                   *PolicyFields.POLICY_FIELDS)
 
     def inherited_from(self) -> Tenant | None:
@@ -626,7 +701,7 @@ class ModelRouteAdmin(PolicyAdminMixin, TenantScopedAdmin[ModelRoute]):
     readonly_fields = ("created", "learned_limits")
     fieldsets = (
         (None, {"fields": ("tenant", "public_name", "upstream", "upstream_model", "max_output_tokens",
-                           "learned_limits", "request_deadline", "created")}),
+                           "learned_limits", "request_deadline", "continue_text", "created")}),
         ("Guard policy overrides", {"fields": PolicyFields.POLICY_FIELDS,
                                     "description": POLICY_HELP.format("the tenant's value (toolrelay's "
                                                                       "default on a new route)")}),
@@ -739,24 +814,81 @@ class UpstreamLearnedLimitAdmin(TenantScopedAdmin[UpstreamLearnedLimit]):
 
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin[Membership]):
-    """Who belongs to which tenant. Members see their tenants' memberships; only superusers change them
-    (granting a role is granting access, and the user picker would list every account)."""
+    """Who belongs to which tenant. Members see their tenants' memberships; only superusers add existing
+    accounts or grant roles (granting a role is granting access, and the user picker would list every
+    account). A tenant's admins add new people as members (an invitation link, ``tenants.admin_invite``),
+    remove them, and set what its people may do: how many keys, which models, their limits and budgets."""
 
-    list_display = ("user", "tenant", "role", "created")
+    list_display = ("user", "tenant", "role", "max_keys", "allowed_models", "created")
     list_filter = ("role", TenantFilter)
     search_fields = ("user__username", "user__email", "tenant__name")
     list_select_related = ("user", "tenant")
     raw_id_fields = ("user",)
     readonly_fields = ("created",)
+    fieldsets = (
+        (None, {"fields": ("user", "tenant", "role", "created")}),
+        ("Self-service keys", {"fields": ("max_keys", "allowed_models"),
+                               "description": "What this person may do on their own key page (/account/keys/)."}),
+        ("Limits", {"fields": HOLDER_NAMES, "description": LIMITS_HELP + " A person's limits apply to all their "
+                    "keys together, within the tenant's."}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> Any:
+        if request.user.is_superuser:
+            return self.readonly_fields
+        return ("user", "tenant", "role", "created")
+
+    def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
+        """Save, then tell every proxy process (its keys' models and limits change at once)."""
+        super().save_model(request, obj, form, change)
+        revocation.tenant_changed(obj.tenant_id)
 
     def has_change_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
-        return _is_staff(request) and request.user.is_superuser
+        return _is_staff(request) and (request.user.is_superuser or _allowed(request, self._tenant_of(obj), "change"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return _is_staff(request) and request.user.is_superuser
+        """Superusers (any account, any role); a tenant's admins add new people as members
+        (``tenants.admin_invite``)."""
+        return _is_staff(request) and (request.user.is_superuser or _allowed(request, None, "change"))
 
     def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
-        return _is_staff(request) and request.user.is_superuser
+        """Superusers; a tenant's admins remove its ``member`` people (their keys are revoked), not its
+        admins or viewers (access is a superuser's to grant and take)."""
+        if not _is_staff(request):
+            return False
+        if request.user.is_superuser:
+            return True
+        return (obj is None or obj.role == Membership.MEMBER) and _allowed(request, self._tenant_of(obj), "change")
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        """No bulk delete for tenant admins (it would skip the per-row role check of ``has_delete_permission``)."""
+        actions = super().get_actions(request)
+        if not request.user.is_superuser:
+            actions.pop("delete_selected", None)
+        return actions
+
+    def add_view(self, request: HttpRequest, form_url: str = "",
+                 extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Superusers: the ordinary form. A tenant's admins: a new person of a tenant they manage, then the
+        invitation link shown once on the answer (a reload re-posts and is refused: the name is taken)."""
+        if request.user.is_superuser and "invite" not in request.GET:
+            return super().add_view(request, form_url, extra_context)
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        tenants = managed_tenants(request)
+        form = MemberInviteForm(request.POST if request.method == "POST" else None, tenants=tenants,
+                                initial={"tenant": request.GET.get("tenant"), "max_keys": 5})
+        invited = invite_or_errors(form) if request.method == "POST" else None
+        request.current_app = self.admin_site.name
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
+                   "title": "Add a person", "invited": invited,
+                   "link": invite_link(request, invited) if invited else None,
+                   "hours": settings.PASSWORD_RESET_TIMEOUT // 3600}
+        if invited is not None:
+            self.log_addition(request, invited.membership, [{"added": {}}])
+        response = TemplateResponse(request, "admin/tenants/membership/invite.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 # ----- the login trail (django-axes' records, read-only for superusers) -----

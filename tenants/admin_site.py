@@ -1,11 +1,14 @@
 """The admin site: login with an optional second factor, optional single sign-on, read-only login trail.
 
 - Passwords go through ``authenticate`` with django-axes first in ``AUTHENTICATION_BACKENDS``, so
-  failed logins are counted per account and per address and locked out (``AXES_*`` settings).
+  failed logins are counted per account and address together and locked out (``AXES_*`` settings);
+  beside that, an address with ``ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT`` failures (any accounts) within the
+  cool-off gets axes' lockout answer for every login (``address_locked``).
 - A staff user with a confirmed django-otp device (TOTP) must enter its code on the login page;
   with ``ADMIN_OTP_REQUIRED_FOR_SUPERUSERS`` a superuser without a device cannot log in. A wrong
-  code counts as a failed login for axes. Sessions opened through single sign-on (OIDC) count as
-  verified: the identity provider does the second factor.
+  code counts as a failed login for axes. Sessions opened through single sign-on (OIDC,
+  ``tenants.oidc``) count as verified for users who are not superusers (the identity provider does the
+  second factor); a superuser's never does: superusers log in with password and code.
 - When OIDC is configured (``OIDC_ENABLED``), the login page offers it.
 - axes' login records (successes, failures, lockouts) are shown read-only to superusers.
 - "toolrelay admin" branding, one Audit section that starts with the dashboard, and Celery beat's
@@ -21,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
+from axes.helpers import get_client_ip_address, get_lockout_response
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django import forms
 from django.conf import settings
@@ -30,6 +34,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, user_login_failed
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django_otp import devices_for_user, user_has_device
 from django_otp.forms import OTPAuthenticationFormMixin
 from django_otp.models import Device
@@ -41,7 +46,7 @@ APP_ORDER = ("audit", "tenants")
 #: Apps whose models only do something with a Celery broker (periodic tasks run by beat).
 BROKER_ONLY_APPS = frozenset({"django_celery_beat"})
 #: The session's auth backend when the login came through single sign-on.
-OIDC_BACKEND = "mozilla_django_oidc.auth.OIDCAuthenticationBackend"
+OIDC_BACKEND = "tenants.oidc.ToolrelayOIDCBackend"
 
 
 def otp_required(user: Any) -> bool:
@@ -116,13 +121,30 @@ class ToolrelayAdminSite(admin.AdminSite):
         if not super().has_permission(request):
             return False
         user: Any = request.user
-        if request.session.get(BACKEND_SESSION_KEY) == OIDC_BACKEND or not otp_required(user):
+        if request.session.get(BACKEND_SESSION_KEY) == OIDC_BACKEND:
+            return not user.is_superuser  # single sign-on never stands in for a superuser's second factor
+        if not otp_required(user):
             return True
         return bool(getattr(user, "is_verified", lambda: False)())
 
     def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method == "POST" and address_locked(request):
+            locked: HttpResponse = get_lockout_response(
+                request, credentials={"username": str(request.POST.get("username", ""))})
+            return locked
         context = {"oidc_enabled": settings.OIDC_ENABLED, **(extra_context or {})}
         return super().login(request, extra_context=context)
+
+
+def address_locked(request: HttpRequest) -> bool:
+    """Has the request's address (as axes reads it: ``TRUSTED_PROXY_COUNT``) failed
+    ``ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT`` logins, whatever the accounts, within ``AXES_COOLOFF_TIME``?"""
+    address = get_client_ip_address(request)
+    if not address:
+        return False
+    since = timezone.now() - settings.AXES_COOLOFF_TIME
+    failures = AccessFailureLog.objects.filter(ip_address=address, attempt_time__gte=since)
+    return bool(failures.count() >= settings.ADMIN_LOGIN_ADDRESS_FAILURE_LIMIT)
 
 
 def _audit_models(models: list[dict[str, Any]]) -> list[dict[str, Any]]:

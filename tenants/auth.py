@@ -34,7 +34,8 @@ from infra.dbcall import bounded
 from tenants import last_good, revocation
 from tenants.key_cache import key_cache
 from tenants.learned import LearnedFact
-from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream, UpstreamLearnedLimit
+from tenants.limits import Limits
+from tenants.models import API_KEY_PREFIX, ApiKey, ModelRoute, Upstream, UpstreamCredential, UpstreamLearnedLimit
 from tenants.principal import Principal, Route, UpstreamTarget
 
 logger = logging.getLogger(__name__)
@@ -49,15 +50,28 @@ class KeyRefused(Exception):
         self.reason = reason
 
 
-def _target(upstream: Upstream, learned: dict[int, tuple[LearnedFact, ...]]) -> UpstreamTarget:
+def _target(upstream: Upstream, learned: dict[int, tuple[LearnedFact, ...]],
+            pools: dict[int, list[tuple[str, str, int]]] | None = None) -> UpstreamTarget:
+    own = [("0", upstream.credential_encrypted, 1)] if upstream.credential_encrypted else []
+    keys = tuple(own + (pools or {}).get(upstream.pk, []))
     return UpstreamTarget(
         upstream_id=upstream.pk, name=upstream.name, base_url=upstream.base_url.rstrip("/"), model="",
-        credential_encrypted=upstream.credential_encrypted,
         extra_headers_encrypted=upstream.extra_headers_encrypted,
         connect_timeout=upstream.connect_timeout, first_byte_timeout=upstream.first_byte_timeout,
         idle_timeout=upstream.idle_timeout, request_deadline=upstream.request_deadline,
-        learned=learned.get(upstream.pk, ()),
+        learned=learned.get(upstream.pk, ()), keys=keys if len(keys) > 1 else (),
+        credential_encrypted=keys[0][1] if keys else "", key_id=keys[0][0] if keys else "0",
+        continuation=upstream.text_continuation,
     )
+
+
+def _pools_of(tenant_id: int) -> dict[int, list[tuple[str, str, int]]]:
+    """The enabled pool keys (``UpstreamCredential``) of the tenant's upstreams, by upstream id (one query)."""
+    found: dict[int, list[tuple[str, str, int]]] = {}
+    rows = UpstreamCredential.objects.filter(upstream__tenant_id=tenant_id, enabled=True).order_by("pk")
+    for row in rows.values_list("upstream_id", "pk", "secret_encrypted", "weight"):
+        found.setdefault(row[0], []).append((str(row[1]), row[2], max(1, int(row[3]))))
+    return found
 
 
 def _learned_of(tenant_id: int) -> dict[int, tuple[LearnedFact, ...]]:
@@ -72,6 +86,7 @@ def _principal(key: ApiKey) -> Principal:
     """Read everything a request needs of ``key``'s tenant (in a database thread)."""
     tenant = key.tenant
     learned = _learned_of(tenant.pk)
+    pools = _pools_of(tenant.pk)
     routes = []
     for route in ModelRoute.objects.filter(tenant=tenant).select_related("upstream").prefetch_related(
             "fallbacks__upstream"):
@@ -80,14 +95,23 @@ def _principal(key: ApiKey) -> Principal:
         pairs = ((route.upstream, route.upstream_model),
                  *((fb.upstream, fb.model or route.upstream_model) for fb in route.fallbacks.all()
                    if fb.upstream.tenant_id == tenant.pk))
-        targets = tuple((_target(up, learned), model) for up, model in pairs if up.enabled)
+        targets = tuple((_target(up, learned, pools), model) for up, model in pairs if up.enabled)
         routes.append(Route(route.pk, route.public_name, route.is_glob, targets, route.max_output_tokens,
-                            tenant.policy(route.policy_overrides()), route.request_deadline))
+                            tenant.policy(route.policy_overrides()), route.request_deadline,
+                            prefer=route.prefer, retry_target=route.retry_target,
+                            continue_text=route.continue_text))
     default = tenant.default_upstream if tenant.default_upstream_id else None
     usable = default is not None and default.tenant_id == tenant.pk and default.enabled
+    member = key.member if key.member_id else None
+    if member is not None and member.tenant_id != tenant.pk:
+        member = None  # never another tenant's membership (its models and limits)
     return Principal(tenant.pk, tenant.slug, tenant.active, key.pk, tuple(routes),
-                     _target(default, learned) if usable and default is not None else None, tenant.policy(),
-                     tenant.limits(), key.limits())
+                     _target(default, learned, pools) if usable and default is not None else None, tenant.policy(),
+                     tenant.limits(), key.limits(),
+                     member_id=member.pk if member is not None else None,
+                     member_username=member.user.get_username()[:150] if member is not None else "",
+                     member_models=tuple(str(m) for m in member.allowed_models or ()) if member is not None else (),
+                     member_limits=member.limits() if member is not None else Limits())
 
 
 def parse_api_key(raw: str) -> str | None:
@@ -106,9 +130,11 @@ def api_key_authenticate(raw: str) -> ApiKey | None:
     prefix = parse_api_key(raw)
     if prefix is None:
         return None
-    key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    key = ApiKey.objects.select_related("tenant", "member__user").filter(prefix=prefix).first()
     if key is None or not key.matches(raw) or not key.is_usable():
         return None
+    if key.member_id and key.member is not None and not key.member.user.is_active:
+        return None  # a person's key stops with their account
     return key
 
 
@@ -154,10 +180,15 @@ def _lookup(raw: str, refresh: bool) -> Principal | None:
     The thread's connection is closed afterwards: lookups are rare (one per key per cache lifetime) and
     an idle connection per auth thread would outlive every use of it.
     """
+    global _in_doubt
     try:
         principal = bounded(lambda: principal_for_key(raw, refresh=refresh), timeout=settings.DB_CALL_TIMEOUT_SECONDS)
+    except BaseException:
+        _in_doubt = True
+        raise
     finally:
         connections.close_all()
+    _in_doubt = False
     last_good.remember(ApiKey.compute_digest(raw), principal)
     return principal
 
@@ -169,12 +200,13 @@ async def _ask(raw: str, *, refresh: bool = False) -> Principal | None:
 
 
 async def _refresh(raw: str) -> None:
-    global _down_until
+    global _down_until, _in_doubt
     try:
         await _ask(raw, refresh=True)  # principal_for_key(refresh=True) releases the claim
     except Exception as exc:  # noqa: BLE001 - the cached answer stays until it expires; then the last good one
         logger.warning("API key refresh failed: %s", exc)
         _down_until = time.monotonic() + DOWN_SECONDS
+        _in_doubt = True
         key_cache.release(ApiKey.compute_digest(raw))
 
 
@@ -183,15 +215,21 @@ async def _refresh(raw: str) -> None:
 _down_until = 0.0
 #: How long one failed lookup marks the database down (seconds).
 DOWN_SECONDS = 2.0
-#: How long a key this process knows waits for its database lookup before its last good answer is served
-#: (seconds): a healthy database answers in milliseconds, so a revocation is still seen at once.
+#: How long a key this process knows, idle for a while, waits for its database lookup before its last good
+#: answer is served (seconds): a healthy database answers in milliseconds, so a revocation is still seen at once.
+#: A key in steady use, or any key while the database is in doubt, does not wait at all (``_known_key``).
 KNOWN_KEY_WAIT = 0.25
+#: True from a lookup that failed, or outlived ``KNOWN_KEY_WAIT``, until a lookup succeeds: the database is
+#: down, slow or frozen, and no request waits for it (``_down_until`` lapses after ``DOWN_SECONDS``; a frozen
+#: database makes each lookup take ``DB_CALL_TIMEOUT_SECONDS`` to fail, so that window alone left gaps).
+_in_doubt = False
 
 
 def _note_failure(future: asyncio.Future[Principal | None]) -> None:
-    global _down_until
+    global _down_until, _in_doubt
     if not future.cancelled() and future.exception() is not None:
         _down_until = time.monotonic() + DOWN_SECONDS
+        _in_doubt = True
 
 
 async def _looked_up(raw: str, digest: str) -> Principal | None:
@@ -220,9 +258,21 @@ async def _looked_up(raw: str, digest: str) -> Principal | None:
 
 
 async def _known_key(raw: str, digest: str, remembered: Principal) -> Principal | None:
-    """A key with a last good answer in this process: the database's answer within ``KNOWN_KEY_WAIT``,
-    else ``remembered`` (the lookup goes on; a failure of it marks the database down)."""
-    global _down_until
+    """A key with a last good answer in this process.
+
+    ``remembered`` at once, its lookup in the background (one at a time; its answer, a refusal too, replaces
+    it), when the database is in doubt (a lookup failed or was slow, and none has succeeded since). Else the
+    database's answer within ``KNOWN_KEY_WAIT``, then ``remembered`` (the lookup goes on; a failure of it marks
+    the database in doubt). So with a healthy database a revocation, a disabled tenant or a changed route is
+    seen as soon as the cached answer expires (``AUTH_CACHE_SECONDS``); with a frozen one, one request waits
+    ``KNOWN_KEY_WAIT`` and the next ones do not wait at all.
+    """
+    global _down_until, _in_doubt
+    if _in_doubt:
+        key_cache.put(digest, remembered)
+        if key_cache.claim(digest):
+            schedule(_refresh(raw))
+        return remembered
     future = asyncio.get_running_loop().run_in_executor(_LOOKUPS, _lookup, raw, False)
     done, _ = await asyncio.wait({future}, timeout=KNOWN_KEY_WAIT)
     if done:
@@ -230,9 +280,11 @@ async def _known_key(raw: str, digest: str, remembered: Principal) -> Principal 
             return future.result()
         except (DatabaseError, TimeoutError) as exc:
             _down_until = time.monotonic() + DOWN_SECONDS
+            _in_doubt = True
             logger.warning("database unavailable (%s): serving key %s from its last good answer", exc,
                            digest[:8])
     else:
+        _in_doubt = True  # slower than a healthy database: the next requests do not wait (cleared on success)
         future.add_done_callback(_note_failure)
     key_cache.put(digest, remembered)
     return remembered

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _memory: dict[str, tuple[float, Any]] = {}
-_REDIS_PREFIX = "toolrelay:principal:"
+_REDIS_NAME = "principal:"  # after the deployment's REDIS_PREFIX
 
 
 def _policy(data: dict[str, Any]) -> GuardPolicy:
@@ -48,7 +48,8 @@ def _target(data: dict[str, Any]) -> Any:
     from tenants.principal import UpstreamTarget
 
     learned = tuple(f for f in (LearnedFact.from_json(v) for v in data.get("learned", ())) if f is not None)
-    return UpstreamTarget(**{**data, "learned": learned})
+    keys = tuple((str(k[0]), str(k[1]), int(k[2])) for k in data.get("keys", ()))
+    return UpstreamTarget(**{**data, "learned": learned, "keys": keys})
 
 
 def dumps(principal: Any) -> str:
@@ -71,11 +72,16 @@ def loads(text: str) -> Any:
     data = json.loads(text)
     routes = tuple(Route(r["route_id"], r["public_name"], r["is_glob"],
                          tuple((_target(t), m) for t, m in r["targets"]), r["max_output_tokens"],
-                         _policy(r["policy"]), r.get("request_deadline")) for r in data["routes"])
+                         _policy(r["policy"]), r.get("request_deadline"), prefer=str(r.get("prefer") or "order"),
+                         retry_target=str(r.get("retry_target") or ""),
+                         continue_text=bool(r.get("continue_text"))) for r in data["routes"])
     default = _target(data["default_target"]) if data["default_target"] else None
     return Principal(data["tenant_id"], data["slug"], data["active"], data["api_key_id"], routes, default,
                      _policy(data["policy"]), Limits.from_json(data.get("limits")),
-                     Limits.from_json(data.get("key_limits")))
+                     Limits.from_json(data.get("key_limits")), member_id=data.get("member_id"),
+                     member_username=str(data.get("member_username") or ""),
+                     member_models=tuple(str(m) for m in data.get("member_models") or ()),
+                     member_limits=Limits.from_json(data.get("member_limits")))
 
 
 def _redis() -> Any:
@@ -122,7 +128,7 @@ def remember(digest: str, principal: Any | None) -> None:
     try:
         if settings.REDIS_URL:
             client = _redis()
-            key = _REDIS_PREFIX + digest
+            key = settings.REDIS_PREFIX + _REDIS_NAME + digest
             if principal is None:
                 client.delete(key)
             else:
@@ -151,7 +157,7 @@ def recall(digest: str) -> Any | None:
         return hit[1]
     try:
         if settings.REDIS_URL:
-            raw = _redis().get(_REDIS_PREFIX + digest)
+            raw = _redis().get(settings.REDIS_PREFIX + _REDIS_NAME + digest)
             return loads(raw.decode()) if raw else None
         entry = _read_file().get(digest)
         if isinstance(entry, list) and time.time() - entry[0] < settings.AUTH_STALE_SECONDS:

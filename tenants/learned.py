@@ -3,7 +3,8 @@
 The value type of what ``proxy.upstreams.learned`` learns from an upstream's refusal: rows of
 ``UpstreamLearnedLimit`` give it (``UpstreamLearnedLimit.fact``), principals carry it, the journal and
 Redis share it. It lives here, below the proxy, because tenants' models and principals hold it.
-``REDIS_KEY`` is the Redis hash of every fact; ``publish_now`` writes an operator's edit from sync code.
+``redis_key()`` is the Redis hash of every fact (``REDIS_KEY`` after the deployment's ``REDIS_PREFIX``);
+``publish_now`` writes an operator's edit from sync code.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 #: The Redis hash of every fact: field ``<upstream id>|<model>|<parameter>``, value the fact as JSON.
-REDIS_KEY = "toolrelay:learned-limits"
+#: The hash's name after the deployment's ``REDIS_PREFIX`` (``redis_key()``).
+REDIS_KEY = "learned-limits"
+
+
+def redis_key() -> str:
+    """The Redis hash of every fact, under the deployment's ``REDIS_PREFIX``."""
+    from django.conf import settings
+
+    return f"{settings.REDIS_PREFIX}{REDIS_KEY}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,6 @@ def publish_now(fact: LearnedFact, url: str) -> None:
 
     try:
         redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0).hset(
-            REDIS_KEY, redis_field(fact), fact.to_json())
+            redis_key(), redis_field(fact), fact.to_json())
     except Exception as exc:  # noqa: BLE001 - the principals carry the row within AUTH_CACHE_SECONDS anyway
         logger.warning("learned limit edit not written to Redis: %s", exc)

@@ -14,14 +14,16 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from infra import headers as reserved_headers
 from infra import outbound
 from proxy.guard.policy import DETERMINISTIC_REPAIRS, Exhaustion, FragmentStorage, GuardPolicy, Repair
 from tenants import crypto
 from tenants.limits import Limits, above_tenant
+from tenants.principal import allows_model
 
 API_KEY_PREFIX = "tr"
 
@@ -47,9 +49,17 @@ def validate_header_name(name: str) -> None:
 
 
 def validate_extra_headers(headers: dict[str, str]) -> None:
-    """Every name a token, every value a valid header value (values are not quoted in the error)."""
+    """Every name a token and not reserved (``infra.headers``: ``x-toolrelay-*``, hop-by-hop and framing
+    headers, ``Host``, ``Authorization`` / ``x-api-key``), every value a valid header value (values are
+    not quoted in the error). Raises ``ValidationError``."""
     for name, value in headers.items():
         validate_header_name(name)
+        if reserved_headers.reserved(name):
+            raise ValidationError(
+                f"{name[:40]!r} is reserved: toolrelay sets its own x-toolrelay-* headers, the hop-by-hop and "
+                "framing headers (Connection, Keep-Alive, Transfer-Encoding, Content-Length, TE, Trailer, "
+                "Upgrade, Proxy-*) and Host; the credential goes in its own field, not in Authorization or "
+                "x-api-key.")
         validate_header_value(value, what=f"The value of header {name!r}")
 
 
@@ -76,8 +86,11 @@ class PolicyFields(models.Model):
     stream_text = models.BooleanField(null=True, blank=True, help_text="Stream text live in guarded requests.")
     early_abort = models.BooleanField(null=True, blank=True,
                                       help_text="Stop reading a provably broken attempt at once.")
-    exhaustion = models.CharField(max_length=16, choices=[(e.value, e.value) for e in Exhaustion], blank=True,
-                                  help_text="What a committed client gets when retries run out.")
+    exhaustion = models.CharField(
+        max_length=16, choices=[(e.value, e.value) for e in Exhaustion], blank=True,
+        help_text=("How a turn toolrelay gives up on ends (docs/clients.md): fail = the protocol's terminal "
+                   "error (headless agents exit with a failure), message = a terminal assistant message, "
+                   "error = a retryable in-stream error."))
     allowed_repairs = models.JSONField(
         null=True, blank=True, help_text=f"List of allowed repairs among: {', '.join(r.value for r in Repair)}.")
     fragment_storage = models.CharField(max_length=16, choices=[(f.value, f.value) for f in FragmentStorage],
@@ -96,13 +109,16 @@ class PolicyFields(models.Model):
     retry_budget_percent = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Retries for broken output may add at most this % to the tenant's upstream "
                                          "calls over 10 minutes (tenant-wide; set on the tenant).")
+    trace_content = models.BooleanField(null=True, blank=True,
+                                        help_text="OpenTelemetry traces carry finding details and the delivered turn "
+                                                  "(scrubbed); off: no content in traces.")
 
     class Meta:
         abstract = True
 
     POLICY_FIELDS = ("max_retries", "stream_text", "early_abort", "exhaustion", "allowed_repairs",
                      "fragment_storage", "retention_days", "loop_breaker", "loop_repeats", "loop_cycle_repeats",
-                     "loop_exhausted_turns", "loop_exempt_tools", "retry_budget_percent")
+                     "loop_exhausted_turns", "loop_exempt_tools", "retry_budget_percent", "trace_content")
 
     def policy_overrides(self) -> dict[str, Any]:
         """The policy values set on this row (None / blank = inherit)."""
@@ -125,6 +141,17 @@ class LimitFields(models.Model):
                                                   help_text="Tokens per UTC day; spent: 429 insufficient_quota.")
     monthly_tokens = models.PositiveBigIntegerField("tokens per month", null=True, blank=True,
                                                     help_text="Tokens per UTC calendar month.")
+    daily_usd = models.DecimalField("USD per day", max_digits=16, decimal_places=6, null=True, blank=True,
+                                    validators=[MinValueValidator(0)],
+                                    help_text="Money budget per UTC day, at the prices in force (docs/money.md).")
+    weekly_usd = models.DecimalField("USD per week", max_digits=16, decimal_places=6, null=True, blank=True,
+                                     validators=[MinValueValidator(0)], help_text="Per ISO week (from Monday, UTC).")
+    monthly_usd = models.DecimalField("USD per month", max_digits=16, decimal_places=6, null=True, blank=True,
+                                      validators=[MinValueValidator(0)], help_text="Per UTC calendar month.")
+    money_soft_percent = models.PositiveSmallIntegerField(
+        "soft threshold (%)", null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Percent of each money budget above past which the tenant's alert webhooks and the live feed are "
+                  "told, once per budget and period (empty: MONEY_SOFT_PERCENT, 80).")
 
     class Meta:
         abstract = True
@@ -177,7 +204,24 @@ class Tenant(PolicyFields, LimitFields):
             loop_exhausted_turns=values.get("loop_exhausted_turns", base.loop_exhausted_turns),
             loop_exempt_tools=frozenset(str(t) for t in exempt) if isinstance(exempt, list) else base.loop_exempt_tools,
             retry_budget_percent=values.get("retry_budget_percent", base.retry_budget_percent),
+            trace_content=values.get("trace_content", base.trace_content),
         )
+
+
+def revoke_member_keys(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
+    """``on_delete`` of ``ApiKey.member``: a deleted membership's keys stay (the audit points at them), unlinked
+    and revoked now; every process is told (``tenants.revocation``) once the delete commits."""
+    from tenants import revocation
+
+    live = sub_objs.filter(revoked_at__isnull=True)
+    for digest in list(live.values_list("digest", flat=True)):
+        revocation.key_revoked(digest)
+    # Revoke before unlinking: both updates run in this order, and ``live`` selects by member.
+    collector.add_field_update(field.model._meta.get_field("revoked_at"), timezone.now(), live)
+    collector.add_field_update(field, None, sub_objs)
+
+
+revoke_member_keys.lazy_sub_objs = True  # type: ignore[attr-defined]
 
 
 class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
@@ -205,6 +249,10 @@ class ApiKey(LimitFields):
     last_used = models.DateTimeField(null=True, blank=True, editable=False)
     expires = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    member = models.ForeignKey("Membership", null=True, blank=True, on_delete=revoke_member_keys,
+                               related_name="api_keys",
+                               help_text="The person whose key this is (blank: the tenant's own key). Deleting the "
+                                         "membership revokes the key.")
 
     objects = ApiKeyQuerySet.as_manager()
 
@@ -239,6 +287,8 @@ class ApiKey(LimitFields):
         """A key limit above its tenant's is refused (the key could never use it)."""
         if not self.tenant_id:
             return
+        if self.member_id and self.member is not None and self.member.tenant_id != self.tenant_id:
+            raise ValidationError({"member": "Choose a member of the key's tenant."})
         over = above_tenant(self.limits(), self.tenant.limits())
         if over:
             raise ValidationError({name: f"Above the tenant's limit ({getattr(self.tenant, name)})." for name in over})
@@ -264,6 +314,12 @@ class Upstream(models.Model):
         null=True, blank=True, validators=[MinValueValidator(1.0)],
         help_text="Longest a whole request through this upstream may take, in seconds (blank: the server's "
                   "REQUEST_DEADLINE_SECONDS; a value can only shorten it).")
+    text_continuation = models.CharField(
+        max_length=32, blank=True, default="", choices=[
+            ("", "none"), ("deepseek-prefix", "DeepSeek prefix completion (beta base URL)"),
+            ("continue-final-message", "vLLM / SGLang continue_final_message")],
+        help_text="How this upstream continues a trailing assistant message (a cut text stream is continued "
+                  "from what the client has, on routes with continue_text on; docs/routing.md).")
     enabled = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -311,6 +367,46 @@ class Upstream(models.Model):
         return json.loads(crypto.decrypt(self.extra_headers_encrypted)) if self.extra_headers_encrypted else {}
 
 
+class UpstreamCredential(models.Model):
+    """One more key of an upstream's credential pool (``docs/routing.md``); the upstream's own credential
+    (``Upstream.credential_encrypted``) is the pool's first key, id ``"0"``. ``weight``: its share of new
+    requests among the healthy keys. Cool-downs and disabling live in the shared state
+    (``proxy.routing``), not here: ``enabled`` is the operator's switch."""
+
+    upstream = models.ForeignKey(Upstream, on_delete=models.CASCADE, related_name="credentials")
+    secret_encrypted = models.TextField(editable=False)
+    hint = models.CharField(max_length=24, blank=True, editable=False)
+    #: Hex SHA-256 of the key, to add a key only once (``upstreams add``); never shown.
+    fingerprint = models.CharField(max_length=64, editable=False)
+    weight = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)],
+                                              help_text="Share of requests among the healthy keys.")
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["upstream", "pk"]
+        constraints = [models.UniqueConstraint(fields=["upstream", "fingerprint"], name="credential_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream.name} key {self.key_id} ({self.hint})"
+
+    @property
+    def key_id(self) -> str:
+        """The key's id in the pool (``"0"`` is the upstream's own credential)."""
+        return str(self.pk)
+
+    @staticmethod
+    def fingerprint_of(raw: str) -> str:
+        """Hex SHA-256 of ``raw``."""
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def set_secret(self, raw: str) -> None:
+        """Encrypt and store ``raw`` (validate it first with ``validate_header_value``)."""
+        self.secret_encrypted = crypto.encrypt(raw)
+        self.hint = _mask(raw)
+        self.fingerprint = self.fingerprint_of(raw)
+
+
 def _mask(raw: str) -> str:
     if not raw:
         return ""
@@ -337,6 +433,17 @@ class ModelRoute(PolicyFields):
         null=True, blank=True, validators=[MinValueValidator(1.0)],
         help_text="Longest a whole request on this route may take, in seconds (blank: the upstream's or the "
                   "server's; a value can only shorten them).")
+    prefer = models.CharField(
+        max_length=8, default="order", choices=[("order", "order"), ("quality", "quality")],
+        help_text="How a new session picks among the route's targets (the upstream, then the fallbacks): the "
+                  "first usable one, or the one with the lowest live broken-turn rate (docs/routing.md).")
+    retry_target = models.CharField(
+        max_length=8, blank=True, default="", choices=[("", "default (next)"), ("next", "next"), ("same", "same")],
+        help_text="Where the retry of a broken tool turn goes: the next target, or the same one.")
+    continue_text = models.BooleanField(
+        default=False,
+        help_text="Continue a text stream the upstream cuts after text reached the client, from exactly that "
+                  "text, when the upstream takes a prefix (its text continuation); off: the in-stream error.")
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -388,15 +495,31 @@ class RouteFallback(models.Model):
             raise ValidationError({"upstream": "Choose an upstream of the route's tenant."})
 
 
-class Membership(models.Model):
-    """Binds a staff user to a tenant: ``admin`` manages it, ``viewer`` only reads."""
+class Membership(LimitFields):
+    """Binds a user to a tenant: ``admin`` manages it, ``viewer`` only reads (both staff, in the admin),
+    ``member`` is a person of the tenant who only manages their own keys (``/account/keys/``).
+
+    Every role may own keys (``ApiKey.member``): at most ``max_keys`` usable ones, serving only the
+    models ``allowed_models`` names (exact names or globs such as ``deepseek-*``; empty: every model
+    of the tenant). The limit columns are the member's own, within the tenant's, summed over their keys.
+    """
 
     ADMIN = "admin"
     VIEWER = "viewer"
+    MEMBER = "member"
+    #: Roles that see the tenant in the admin, dashboard and usage pages (``tenants.selectors``).
+    STAFF_ROLES = (ADMIN, VIEWER)
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=8, choices=[(ADMIN, "admin"), (VIEWER, "viewer")], default=VIEWER)
+    role = models.CharField(max_length=8, choices=[(ADMIN, "admin"), (VIEWER, "viewer"), (MEMBER, "member")],
+                            default=VIEWER)
+    max_keys = models.PositiveSmallIntegerField(
+        default=5, help_text="Usable keys this person may hold at once (0: may create none).")
+    allowed_models = models.JSONField(
+        default=list, blank=True,
+        help_text='Model names or globs this person\'s keys may use, e.g. ["deepseek-*", "glm-4.6"] '
+                  "(empty: every model of the tenant).")
     created = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -404,6 +527,24 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
+
+    def clean(self) -> None:
+        """``allowed_models`` is a list of at most 100 names (each 1-200 characters); limits fit the tenant's."""
+        models_ = self.allowed_models
+        if models_ is None:
+            self.allowed_models = models_ = []
+        if (not isinstance(models_, list) or len(models_) > 100
+                or any(not isinstance(m, str) or not m.strip() or len(m) > 200 for m in models_)):
+            raise ValidationError({"allowed_models": "A list of up to 100 model names or globs (1-200 characters)."})
+        self.allowed_models = [m.strip() for m in models_]
+        if self.tenant_id:
+            over = above_tenant(self.limits(), self.tenant.limits())
+            if over:
+                raise ValidationError({n: f"Above the tenant's limit ({getattr(self.tenant, n)})." for n in over})
+
+    def allows(self, model: str) -> bool:
+        """True when this person's keys may request ``model`` (see ``allowed_models``)."""
+        return allows_model(tuple(self.allowed_models or ()), model)
 
 
 class UpstreamLearnedLimit(models.Model):
@@ -451,3 +592,19 @@ class UpstreamLearnedLimit(models.Model):
 
         return LearnedFact(self.upstream_id, self.model, self.parameter, self.value, self.learned_at.timestamp(),
                            self.expires_at.timestamp(), self.detail)
+
+
+class OidcIdentity(models.Model):
+    """The single sign-on subject (the identity provider's ``sub`` claim) a user signs in as
+    (``tenants.oidc``). Users are matched on it, never on an e-mail address: an identity provider's
+    user cannot take over an account by giving itself that account's address (issue 24 item 5)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity")
+    subject = models.CharField(max_length=255, unique=True, help_text="The identity provider's `sub` claim.")
+    created = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = "single sign-on identity"
+
+    def __str__(self) -> str:
+        return f"{self.user} = {self.subject}"

@@ -29,7 +29,8 @@ def policy_defaults(tenant: Tenant | None) -> dict[str, Any]:
             "fragment_storage": policy.fragments.value, "retention_days": policy.retention_days,
             "loop_breaker": policy.loop_breaker, "loop_repeats": policy.loop_repeats,
             "loop_cycle_repeats": policy.loop_cycle_repeats, "loop_exhausted_turns": policy.loop_exhausted_turns,
-            "loop_exempt_tools": sorted(policy.loop_exempt_tools), "retry_budget_percent": policy.retry_budget_percent}
+            "loop_exempt_tools": sorted(policy.loop_exempt_tools), "retry_budget_percent": policy.retry_budget_percent,
+            "trace_content": policy.trace_content}
 
 
 def shown(value: Any) -> str:
@@ -136,7 +137,7 @@ class PolicyFormMixin(forms.ModelForm):  # type: ignore[type-arg]
 
     @staticmethod
     def _policy_field(name: str, field: forms.Field, default: Any) -> forms.Field:
-        if name in ("stream_text", "early_abort", "loop_breaker"):
+        if name in ("stream_text", "early_abort", "loop_breaker", "trace_content"):
             return _yes_no(field, default)
         if name == "exhaustion":
             return _choice(field, default, [(e.value, e.value) for e in Exhaustion])

@@ -20,7 +20,8 @@ from tenants.limits import Limits
 class UpstreamTarget:
     """Where one attempt goes: the upstream (credential still encrypted) and the upstream model name.
 
-    Timeouts in seconds. ``learned``: what the database knows this upstream refuses, every model's
+    Timeouts in seconds. ``keys``: the credential pool (see the field). ``learned``: what the database
+    knows this upstream refuses, every model's
     (``UpstreamLearnedLimit`` rows, expired ones included: an admin's "forget" is one), merged into the
     upstream client's own facts when the target is used.
     """
@@ -36,6 +37,14 @@ class UpstreamTarget:
     idle_timeout: float
     request_deadline: float | None = None  # the upstream's own bound on a whole request
     learned: tuple[LearnedFact, ...] = field(default=(), repr=False)
+    #: The credential pool: ``(key id, encrypted secret, weight)`` per key, the upstream's own credential
+    #: first (id ``"0"``, when set); empty: the one ``credential_encrypted``. ``proxy.routing`` picks one
+    #: per attempt and sets ``credential_encrypted`` and ``key_id`` to it.
+    keys: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
+    key_id: str = "0"  # the key ``credential_encrypted`` is
+    #: How the upstream continues a trailing assistant message (``proxy.guard.decisions.continuation.Shape``
+    #: values; "" = it does not).
+    continuation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +63,30 @@ class RoutePlan:
     deadline: float = 600.0
     #: The matched route's ``public_name`` as configured (a metrics label); None for the default upstream.
     route_name: str | None = None
+    #: How a new session picks among ``targets`` (``ModelRoute.prefer``): ``order`` (the first usable) or
+    #: ``quality`` (the lowest live broken-turn rate, ``proxy.routing``).
+    prefer: str = "order"
+    #: Where the retry of a broken attempt goes (``ModelRoute.retry_target``): ``next`` (the next target,
+    #: the last one repeating) or ``same`` (the target that broke it; an upstream error still moves on).
+    retry_target: str = "next"
+    #: The route opted in to continuing cut text streams (``ModelRoute.continue_text``).
+    continue_text: bool = False
 
     def target(self, attempt: int) -> UpstreamTarget:
         """The target for 0-based ``attempt``: the primary, then fallbacks in order, then the last one again."""
         return self.targets[min(attempt, len(self.targets) - 1)]
+
+    def next_index(self, index: int, *, broken: bool) -> int:
+        """The index in ``targets`` of the retry after an attempt on ``targets[index]`` failed (``broken``:
+        for broken model output). Broken output: the same target under ``retry_target`` ``same``, else the
+        next one, after the last the first again (another target is the point: the one that broke the turn
+        is the likeliest to break it again). An upstream error: the next one, the last repeating (a failing
+        upstream earlier in the list is not asked again)."""
+        count = len(self.targets)
+        index = min(max(index, 0), count - 1)
+        if broken:
+            return index if self.retry_target == "same" else (index + 1) % count
+        return min(index + 1, count - 1)
 
     def attempts(self) -> Iterator[tuple[int, UpstreamTarget]]:
         """``(attempt, target)`` for the first attempt and every retry the policy allows, in order."""
@@ -77,6 +106,9 @@ class Route:
     max_output_tokens: int | None
     policy: GuardPolicy
     request_deadline: float | None = None
+    prefer: str = "order"  # ``RoutePlan.prefer``
+    retry_target: str = ""  # ``RoutePlan.retry_target``; "": ``next``
+    continue_text: bool = False  # ``ModelRoute.continue_text``
 
     def matches(self, model: str) -> bool:
         """True when ``model`` is this route's name or matches its glob."""
@@ -96,6 +128,16 @@ class Principal:
     policy: GuardPolicy  # the tenant's own policy (routes carry theirs)
     limits: Limits = Limits()  # the tenant's limits (tenants.limits)
     key_limits: Limits = Limits()  # the key's own, within the tenant's
+    #: The membership owning the key (``ApiKey.member``), None for a tenant's own key.
+    member_id: int | None = None
+    member_username: str = ""  # the member's user name (audit snapshot); "" without a member
+    #: Model names or globs the member's keys may request (empty: every model; ``allows``).
+    member_models: tuple[str, ...] = ()
+    member_limits: Limits = Limits()  # the member's own limits, within the tenant's, over all their keys
+
+    def allows(self, model: str) -> bool:
+        """True when this key may request ``model`` (a member's ``allowed_models``; always for tenant keys)."""
+        return allows_model(self.member_models, model)
 
     def resolve(self, model: str) -> RoutePlan | None:
         """The plan for ``model``: an exact route, else the most specific matching glob (longest
@@ -109,7 +151,10 @@ class Principal:
                 return None
             targets = tuple(dataclasses.replace(t, model=m or model) for t, m in route.targets)
             return RoutePlan(model, route.route_id, targets, route.max_output_tokens, route.policy,
-                             _deadline(route.request_deadline, targets), route_name=route.public_name)
+                             _deadline(route.request_deadline, targets), route_name=route.public_name,
+                             prefer="quality" if route.prefer == "quality" and len(targets) > 1 else "order",
+                             retry_target="same" if route.retry_target == "same" else "next",
+                             continue_text=route.continue_text)
         if self.default_target is not None:
             targets = (dataclasses.replace(self.default_target, model=model),)
             return RoutePlan(model, None, targets, None, self.policy, _deadline(None, targets))
@@ -119,6 +164,11 @@ class Principal:
         """Public model names this tenant routes by exact name (a glob such as ``claude-*`` is no model id;
         names served only by the default upstream are not known here)."""
         return sorted(r.public_name for r in self.routes if not r.is_glob)
+
+
+def allows_model(patterns: tuple[str, ...], model: str) -> bool:
+    """True when ``patterns`` is empty (everything) or ``model`` equals or matches one (``fnmatchcase``)."""
+    return not patterns or any(model == p or fnmatch.fnmatchcase(model, p) for p in patterns)
 
 
 def _deadline(route: float | None, targets: tuple[UpstreamTarget, ...]) -> float:

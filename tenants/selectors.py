@@ -21,12 +21,13 @@ class NotFound(Exception):
 # ----- tenant-scoped reads for admin, services and tests -----
 
 def tenants_for_user(user: Any) -> QuerySet[Tenant]:
-    """Tenants ``user`` may see: all for superusers, their memberships' for staff, none otherwise."""
+    """Tenants ``user`` may see in the admin, dashboard and usage pages: all for superusers, their
+    ``admin`` / ``viewer`` memberships' for staff, none otherwise (a ``member`` sees only their own keys)."""
     if not getattr(user, "is_active", False) or not getattr(user, "is_staff", False):
         return Tenant.objects.none()
     if user.is_superuser:
         return Tenant.objects.all()
-    return Tenant.objects.filter(memberships__user=user).distinct()
+    return Tenant.objects.filter(memberships__user=user, memberships__role__in=Membership.STAFF_ROLES).distinct()
 
 
 def tenant_for_user(user: Any, tenant_id: Any) -> Tenant:
@@ -38,7 +39,7 @@ def tenant_for_user(user: Any, tenant_id: Any) -> Tenant:
 
 
 def role_for_user(user: Any, tenant: Tenant) -> str | None:
-    """``admin`` / ``viewer`` for a member, ``admin`` for superusers, else None."""
+    """``admin`` / ``viewer`` / ``member`` for a member, ``admin`` for superusers, else None."""
     if getattr(user, "is_superuser", False):
         return Membership.ADMIN
     membership = Membership.objects.filter(user=user, tenant=tenant).first()
@@ -55,6 +56,16 @@ def upstream_for_tenant(tenant: Tenant, upstream_id: Any) -> Upstream:
     if upstream is None:
         raise NotFound("upstream")
     return upstream
+
+
+def pool_keys(upstream: Upstream) -> list[tuple[str, str, int, bool]]:
+    """``(key id, masked hint, weight, enabled)`` of every key of ``upstream``'s credential pool, its own
+    credential first (id ``"0"``, weight 1, when set)."""
+    from tenants.models import UpstreamCredential
+
+    own = [("0", upstream.credential_hint, 1, True)] if upstream.credential_encrypted else []
+    rows = UpstreamCredential.objects.filter(upstream=upstream).order_by("pk")
+    return own + [(str(r.pk), r.hint, r.weight, r.enabled) for r in rows]
 
 
 def routes_for_tenant(tenant: Tenant) -> QuerySet[ModelRoute]:
@@ -76,6 +87,50 @@ def api_keys_for_tenant(tenant: Tenant) -> QuerySet[ApiKey]:
 def api_key_for_tenant(tenant: Tenant, key_id: Any) -> ApiKey:
     """The tenant's key ``key_id``; ``NotFound`` when missing or another tenant's."""
     key = api_keys_for_tenant(tenant).filter(pk=_pk(key_id)).first()
+    if key is None:
+        raise NotFound("api key")
+    return key
+
+
+# ----- a person's own memberships and keys (the self-service page, ``tenants.account``) -----
+
+def memberships_for_user(user: Any) -> QuerySet[Membership]:
+    """The memberships of an active ``user`` in active tenants (any role; superusers get only their own)."""
+    if not getattr(user, "is_active", False) or not getattr(user, "pk", None):
+        return Membership.objects.none()
+    return (Membership.objects.filter(user_id=user.pk, tenant__active=True).select_related("tenant", "user")
+            .order_by("tenant__name"))
+
+
+def membership_for_user(user: Any, membership_id: Any) -> Membership:
+    """``user``'s own membership ``membership_id``; ``NotFound`` when missing or someone else's."""
+    membership = memberships_for_user(user).filter(pk=_pk(membership_id)).first()
+    if membership is None:
+        raise NotFound("membership")
+    return membership
+
+
+def members_for_tenant(tenant: Tenant) -> QuerySet[Membership]:
+    """Every membership of ``tenant`` with its user."""
+    return Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username")
+
+
+def member_for_tenant(tenant: Tenant, username: str) -> Membership:
+    """The membership of user ``username`` in ``tenant``; ``NotFound`` when none (or another tenant's)."""
+    membership = members_for_tenant(tenant).filter(user__username=str(username)[:150]).first()
+    if membership is None:
+        raise NotFound("member")
+    return membership
+
+
+def api_keys_for_member(membership: Membership) -> QuerySet[ApiKey]:
+    """The keys of ``membership`` (within its own tenant only), newest first."""
+    return ApiKey.objects.filter(tenant_id=membership.tenant_id, member=membership)
+
+
+def api_key_for_member(membership: Membership, key_id: Any) -> ApiKey:
+    """``membership``'s key ``key_id``; ``NotFound`` when missing or anyone else's."""
+    key = api_keys_for_member(membership).filter(pk=_pk(key_id)).first()
     if key is None:
         raise NotFound("api key")
     return key

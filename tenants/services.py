@@ -7,6 +7,7 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -15,13 +16,16 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from tenants import crypto, revocation
-from tenants.limits import LIMIT_NAMES, Limits
+from tenants.limits import HOLDER_NAMES, MAX_USD, MONEY_NAMES, SOFT_NAME, Limits
 from tenants.models import (
     API_KEY_PREFIX,
     ApiKey,
+    Membership,
     ModelRoute,
+    RouteFallback,
     Tenant,
     Upstream,
+    UpstreamCredential,
     UpstreamLearnedLimit,
     validate_extra_headers,
     validate_header_value,
@@ -36,12 +40,119 @@ def new_raw_api_key() -> tuple[str, str]:
     return prefix, f"{API_KEY_PREFIX}-{prefix}-{secrets.token_urlsafe(32)}"
 
 
-def api_key_create(*, tenant: Tenant, name: str, expires: datetime | None = None) -> tuple[ApiKey, str]:
-    """Create a key for ``tenant``; return the row and the raw key (shown once, never stored)."""
+def api_key_create(*, tenant: Tenant, name: str, expires: datetime | None = None,
+                   member: Membership | None = None) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant`` (``member``'s when given: it must be a membership of ``tenant``); return
+    the row and the raw key (shown once, never stored). ``member_key_create`` also checks the member's
+    ``max_keys``."""
+    if member is not None and member.tenant_id != tenant.pk:
+        raise ValidationError("the member belongs to another tenant")
     prefix, raw = new_raw_api_key()
-    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=prefix, digest=ApiKey.compute_digest(raw),
-                                expires=expires)
+    key = ApiKey.objects.create(tenant=tenant, name=name[:100], prefix=prefix, digest=ApiKey.compute_digest(raw),
+                                expires=expires, member=member)
     return key, raw
+
+
+class KeyQuotaReached(ValidationError):
+    """The member already holds ``Membership.max_keys`` usable keys."""
+
+
+def member_key_create(*, membership: Membership, name: str, expires: datetime | None = None) -> tuple[ApiKey, str]:
+    """A new key of ``membership`` (a person's own), within their ``max_keys`` usable keys; the membership row
+    is locked meanwhile, so two requests at once cannot both pass the count. ``KeyQuotaReached`` at the
+    limit; ``ValidationError`` for an empty name. Returns the row and the raw key (shown once)."""
+    name = name.strip()[:100]
+    if not name:
+        raise ValidationError("a key needs a name")
+    with transaction.atomic():
+        locked = Membership.objects.select_for_update().select_related("tenant").get(pk=membership.pk)
+        held = ApiKey.objects.filter(member=locked).active().count()
+        if held >= locked.max_keys:
+            raise KeyQuotaReached(f"you hold {held} usable key(s), the most your tenant allows you "
+                                  f"({locked.max_keys}); revoke one first")
+        return api_key_create(tenant=locked.tenant, name=name, expires=expires, member=locked)
+
+
+def membership_save(*, membership: Membership) -> Membership:
+    """Validate (``Membership.clean``) and save an edited membership; running processes see its keys' new
+    models and limits at once (``tenants.revocation``). ``ValidationError`` when invalid."""
+    membership.full_clean()
+    with transaction.atomic():
+        membership.save()
+        revocation.tenant_changed(membership.tenant_id)
+    return membership
+
+
+@dataclass(frozen=True, slots=True)
+class Invited:
+    """A person a tenant admin added: the membership, and the path (``/account/invite/<uid>/<token>/``) on
+    which they set their password, valid ``PASSWORD_RESET_TIMEOUT`` seconds and until a password is set."""
+
+    membership: Membership
+    invite_path: str
+
+
+def member_invite(*, tenant: Tenant, username: str, email: str = "", max_keys: int = 5,
+                  allowed_models: list[str] | None = None,
+                  limits: Mapping[str, int | float | Decimal | None] | None = None) -> Invited:
+    """Add a new person to ``tenant`` as a tenant admin may: a new account ``username`` (no usable password;
+    they set one on the invite path, or sign in by single sign-on) with the ``member`` role (their own keys
+    only, no admin pages), at most ``max_keys`` usable keys, serving ``allowed_models`` (names or globs;
+    empty: every model), with ``limits`` (names of ``HOLDER_NAMES``, within the tenant's).
+
+    A tenant admin cannot take an existing account (it may belong to people of other tenants): an existing
+    ``username`` is a ``ValidationError`` (superusers add existing accounts, ``manage.py member add``), as
+    are an invalid user name or e-mail, bad models and limits above the tenant's. All or nothing."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.tokens import default_token_generator
+    from django.core.validators import validate_email
+    from django.urls import reverse
+    from django.utils.encoding import force_bytes
+    from django.utils.http import urlsafe_base64_encode
+
+    users = get_user_model()
+    username = _new_username(username)
+    if email:
+        validate_email(email)
+    with transaction.atomic():
+        user = users._default_manager.create_user(username=username, email=email)
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+        membership = Membership(user=user, tenant=tenant, role=Membership.MEMBER, max_keys=max_keys,
+                                allowed_models=list(allowed_models or []))
+        membership.full_clean()
+        membership.save()
+        if limits:
+            limits_set(tenant=tenant, member=membership, values=limits)
+        revocation.tenant_changed(tenant.pk)
+    token = default_token_generator.make_token(user)
+    path = reverse("account:invite", args=[urlsafe_base64_encode(force_bytes(user.pk)), token])
+    return Invited(membership, path)
+
+
+def _new_username(username: str) -> str:
+    """``username`` stripped, when it is a valid user name no account has (case-insensitively); else
+    ``ValidationError``."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    username = username.strip()
+    if not username or len(username) > 150:
+        raise ValidationError({"username": "A user name has 1 to 150 characters."})
+    users.username_validator(username)
+    if users._default_manager.filter(username__iexact=username).exists():
+        raise ValidationError({"username": "That user name is taken; choose another (a superuser can add an "
+                                           "existing account)."})
+    return username
+
+
+def member_remove(*, membership: Membership) -> None:
+    """Remove a person from their tenant: the membership is deleted and their keys revoked at once
+    (``tenants.models.revoke_member_keys``); the account itself stays (it may belong to other tenants)."""
+    with transaction.atomic():
+        tenant_id = membership.tenant_id
+        membership.delete()
+        revocation.tenant_changed(tenant_id)
 
 
 def api_key_revoke(*, key: ApiKey) -> ApiKey:
@@ -55,24 +166,34 @@ def api_key_revoke(*, key: ApiKey) -> ApiKey:
     return key
 
 
-def limits_set(*, tenant: Tenant, key: ApiKey | None = None, values: Mapping[str, int | None]) -> Limits:
-    """Set some of the limits of ``tenant`` (``key`` None) or of its ``key``; return the holder's limits.
+def limits_set(*, tenant: Tenant, key: ApiKey | None = None, member: Membership | None = None,
+               values: Mapping[str, int | float | Decimal | None]) -> Limits:
+    """Set some of the limits of ``tenant`` (``key`` and ``member`` None), of its ``key`` or of its ``member``
+    (a membership: the person's limits over all their keys); return the holder's limits.
 
-    ``values`` maps names of ``LIMIT_NAMES`` to a whole number (0 blocks) or None (no limit); names not
-    given are left as they are. ``ValidationError`` for an unknown name, a negative number, or a key
-    limit above its tenant's. Running processes see the change at once (``tenants.revocation``).
+    ``values`` maps names of ``HOLDER_NAMES`` to a whole number (0 blocks) or, for ``MONEY_NAMES``, an amount
+    in USD, or for ``money_soft_percent`` the soft threshold of the holder's money budgets (a whole percent,
+    1-100); None removes it; names not given are left as they are. ``ValidationError`` for an unknown name,
+    a negative number, a percent outside 1-100, or a key's or member's limit above its tenant's. Running
+    processes see the change at once (``tenants.revocation``).
     """
-    unknown = sorted(set(values) - set(LIMIT_NAMES))
+    unknown = sorted(set(values) - set(HOLDER_NAMES))
     if unknown:
         raise ValidationError(f"unknown limit(s): {', '.join(unknown)}")
-    if any(v is not None and v < 0 for v in values.values()):
-        raise ValidationError("a limit is a whole number >= 0 (0 blocks) or none")
-    row: Tenant | ApiKey = tenant if key is None else key
+    soft = values.get(SOFT_NAME)
+    if soft is not None and (not isinstance(soft, int) or isinstance(soft, bool) or not 1 <= soft <= 100):
+        raise ValidationError("the soft threshold is a whole percent from 1 to 100, or none")
+    if any(v is not None and (v < 0 or (n in MONEY_NAMES and v > MAX_USD)) for n, v in values.items()):
+        raise ValidationError(f"a limit is >= 0 (0 blocks; USD at most {MAX_USD:,}) or none")
+    row: Tenant | ApiKey | Membership = key if key is not None else member if member is not None else tenant
     if key is not None and key.tenant_id != tenant.pk:
         raise ValidationError("no such key in this tenant")
+    if member is not None and (key is not None or member.tenant_id != tenant.pk):
+        raise ValidationError("no such member in this tenant")
     for name, value in values.items():
-        setattr(row, name, value)
-    if isinstance(row, ApiKey):
+        setattr(row, name, Decimal(str(value)).quantize(Decimal("1e-6")) if name in MONEY_NAMES and value is not None
+                else value)
+    if isinstance(row, ApiKey | Membership):
         row.clean()
     with transaction.atomic():
         row.save(update_fields=list(values) or None)
@@ -143,6 +264,39 @@ def upstream_upsert(*, tenant: Tenant, name: str, base_url: str, credential: str
     return upstream
 
 
+def upstream_key_add(*, upstream: Upstream, raw: str, weight: int | None = None) -> tuple[str, bool]:
+    """Add ``raw`` to ``upstream``'s credential pool, once: ``(key id, added)``. A key already in the pool
+    (the upstream's own credential, id ``"0"``, or a pool row) is not added again; ``weight`` (>= 1)
+    updates a pool row's. An upstream without its own credential takes the first key as it (id ``"0"``).
+    Raises ``ValidationError`` for a key that cannot be a header value, or a weight below 1."""
+    validate_header_value(raw, what="The key")
+    if weight is not None and weight < 1:
+        raise ValidationError("A key's weight is at least 1.")
+    with transaction.atomic():
+        upstream = Upstream.objects.select_for_update().get(pk=upstream.pk)
+        try:
+            own = upstream.credential()
+        except crypto.CredentialError:
+            own = None
+        if own == raw:
+            return "0", False
+        if not upstream.credential_encrypted and (weight is None or weight == 1):
+            upstream.set_credential(raw)
+            upstream.save(update_fields=["credential_encrypted", "credential_hint"])
+            return "0", True
+        row = UpstreamCredential.objects.filter(upstream=upstream,
+                                                fingerprint=UpstreamCredential.fingerprint_of(raw)).first()
+        if row is not None:
+            if weight is not None and row.weight != weight:
+                row.weight = weight
+                row.save(update_fields=["weight"])
+            return row.key_id, False
+        row = UpstreamCredential(upstream=upstream, weight=weight or 1)
+        row.set_secret(raw)
+        row.save()
+        return row.key_id, True
+
+
 def route_upsert(*, tenant: Tenant, public_name: str, upstream: Upstream, upstream_model: str = "",
                  max_output_tokens: int | None = None) -> ModelRoute:
     """Create or update the tenant's route for ``public_name``."""
@@ -152,6 +306,34 @@ def route_upsert(*, tenant: Tenant, public_name: str, upstream: Upstream, upstre
         tenant=tenant, public_name=public_name,
         defaults={"upstream": upstream, "upstream_model": upstream_model, "max_output_tokens": max_output_tokens},
     )
+    return route
+
+
+def route_set(*, tenant: Tenant, public_name: str, targets: list[tuple[Upstream, str]], prefer: str = "order",
+              retry_target: str = "", continue_text: bool | None = None) -> ModelRoute:
+    """Set the tenant's route ``public_name`` (an exact name or a glob) to ``targets`` in order (``(upstream,
+    upstream model or '' for the client's)``: the first is the route's upstream, the others its fallbacks,
+    replaced as a whole), with ``prefer`` (``order`` | ``quality``), ``retry_target`` (``''`` | ``next`` |
+    ``same``) and ``continue_text`` (cut text streams continued; None: as it was, off for a new route).
+    Idempotent. Raises ``ValidationError`` for no target, another tenant's upstream, a bad value
+    or a name or model past 200 characters."""
+    if not targets or len(targets) > 20:
+        raise ValidationError("A route has 1 to 20 targets.")
+    if prefer not in ("order", "quality") or retry_target not in ("", "next", "same"):
+        raise ValidationError("prefer is order or quality; retry_target is next or same.")
+    if not public_name or len(public_name) > 200 or any(len(m) > 200 for _, m in targets):
+        raise ValidationError("A route's model name and upstream models have 1 to 200 characters.")
+    if any(u.tenant_id != tenant.pk for u, _ in targets):
+        raise ValidationError("A route's upstreams belong to its tenant.")
+    (first, model), *rest = targets
+    with transaction.atomic():
+        route, _ = ModelRoute.objects.update_or_create(
+            tenant=tenant, public_name=public_name,
+            defaults={"upstream": first, "upstream_model": model, "prefer": prefer, "retry_target": retry_target,
+                      **({} if continue_text is None else {"continue_text": continue_text})})
+        route.fallbacks.all().delete()
+        RouteFallback.objects.bulk_create(RouteFallback(route=route, position=i, upstream=u, model=m)
+                                          for i, (u, m) in enumerate(rest, start=1))
     return route
 
 
@@ -166,22 +348,49 @@ class Provisioned:
     raw_key: str | None
 
 
+#: The name of the key ``provision`` makes; later ones get ``-2``, ``-3`` ... (``distinct_key_name``).
+PROVISIONED_KEY_NAME = "provisioned"
+
+
+def distinct_key_name(*, tenant: Tenant, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3`` ... : the first no key of ``tenant`` has (revoked ones count)."""
+    taken = set(ApiKey.objects.filter(tenant=tenant, name__startswith=name).values_list("name", flat=True))
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}-{n}"
+    return candidate
+
+
 @transaction.atomic
-def provision(*, tenant_name: str, upstream_url: str, upstream_key: str | None = None,
-              routes: dict[str, str] | None = None, new_key: bool = True) -> Provisioned:
+def provision(*, tenant_name: str, upstream_url: str | None, upstream_key: str | None = None,
+              routes: dict[str, str] | None = None, new_key: bool | None = True,
+              key_name: str = PROVISIONED_KEY_NAME) -> Provisioned:
     """Create or update a tenant, its ``default`` upstream and routes, idempotently.
 
-    ``routes`` maps public model names to upstream model names. When ``new_key`` a fresh API key
-    is created and returned (raw, once).
+    ``upstream_url`` None keeps the stored default upstream's URL (to rotate ``upstream_key`` alone);
+    a tenant without one then raises ``ValidationError``. ``routes`` maps public model names to upstream
+    model names. ``new_key``: True makes a fresh API key, False none, None one only when the tenant has
+    no usable key (a new tenant). The key is called ``key_name``, made distinct (``key_name-2`` ...), and
+    returned raw, once.
     """
     tenant, created = tenant_ensure(name=tenant_name)
+    existing = Upstream.objects.filter(tenant=tenant, name="default").first()
+    if upstream_url is None:
+        if existing is None:
+            raise ValidationError(f"tenant {tenant_name!r} has no upstream yet: give its URL (--upstream-url)")
+        upstream_url = existing.base_url
     upstream = upstream_upsert(tenant=tenant, name="default", base_url=upstream_url, credential=upstream_key)
     if tenant.default_upstream_id != upstream.pk:
         tenant.default_upstream = upstream
         tenant.save(update_fields=["default_upstream"])
     for public, target in (routes or {}).items():
         route_upsert(tenant=tenant, public_name=public, upstream=upstream, upstream_model=target)
-    key, raw = api_key_create(tenant=tenant, name="provisioned") if new_key else (None, None)
+    if new_key is None:
+        new_key = not ApiKey.objects.for_tenant(tenant).active().exists()
+    key, raw = None, None
+    if new_key:
+        key, raw = api_key_create(tenant=tenant, name=distinct_key_name(tenant=tenant, name=key_name))
     return Provisioned(tenant, upstream, created, key, raw)
 
 

@@ -53,11 +53,12 @@ def _journal_drained() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _fresh_key_cache() -> Iterator[None]:
     """Each test starts with an empty API key cache (it lives for the whole process otherwise)."""
-    from tenants import last_good
+    from tenants import auth, last_good
     from tenants.key_cache import key_cache
 
     key_cache.clear()
     last_good.forget_all()
+    auth._in_doubt = False  # a database failure of an earlier test says nothing of this one's
     yield
     key_cache.clear()
     last_good.forget_all()
@@ -153,3 +154,14 @@ def login(client: Client) -> Callable[[User], Client]:
         return client
 
     return _login
+
+
+@pytest.fixture(autouse=True)
+def _shipped_prices() -> Iterator[None]:
+    """Each test charges with the shipped default prices and reads no price from the database (a test about
+    prices loads them itself: ``billing.book.reset(billing.book.load())``)."""
+    from billing import book
+
+    book.reset(book.PriceBook(book.defaults(), loaded=float("inf")))
+    yield
+    book.reset(book.PriceBook(book.defaults(), loaded=float("inf")))

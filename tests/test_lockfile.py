@@ -52,3 +52,12 @@ def test_the_image_installs_exactly_the_runtime_lock() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "pip install --require-hashes --no-deps -r requirements/runtime.txt" in dockerfile
     assert "pip install ." not in dockerfile
+
+
+def test_make_install_installs_exactly_the_dev_lock() -> None:
+    """Issue 24 item 13: developer and CI environments come from the hashed lock, not from the ranges."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("$(STAMP): ", 1)[1].split("\n\n", 1)[0]
+    assert "requirements/dev.txt" in recipe.splitlines()[0], "a changed lock reinstalls"
+    assert "pip install --disable-pip-version-check --require-hashes -r requirements/dev.txt" in recipe
+    assert "--no-deps -e ." in recipe and "'.[dev]'" not in recipe

@@ -18,13 +18,14 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
+from billing.book import ready as prices_ready
 from infra import metrics
 from infra.background import schedule
 from infra.shared_state import Window, get_state
@@ -34,6 +35,7 @@ from proxy.edge.protocols import (
     CHARS_PER_TOKEN,
     OPENAI_CHAT,
     ClientProtocol,
+    Prepared,
     estimate_tokens,
     translated,
 )
@@ -45,11 +47,14 @@ from proxy.guard.protocols.translate_anthropic import count_tokens_body
 from proxy.policy import limits
 from proxy.relay import schema_pool
 from proxy.relay.loop import Relay, RelayCall, refused
-from proxy.upstreams import hops
+from proxy.routing.router import Router
+from proxy.telemetry import semconv, spans
+from proxy.upstreams import hops, shares
 from proxy.upstreams.client import get_client
 from proxy.upstreams.listing import get_models
 from tenants.auth import AuthUnavailable, KeyRefused, authorize
-from tenants.principal import Principal
+from tenants.limits import Limits
+from tenants.principal import Principal, RoutePlan
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +214,8 @@ class ProxyConsumer(AsyncConsumer):
             self.protocol = self.endpoint.protocol_of(self.scope)
         response = self.response = ClientResponse(self.send, error_body=self.protocol.error_body,
                                                   writable=getattr(backpressure, "wait_writable", None))
+        trace = spans.start_request(self.scope, request_id=str(response.request_id), route=None if self.endpoint
+                                    is ENDPOINTS["not_found"] else str(self.scope.get("path", "")).rstrip("/"))
         try:
             if body is None:
                 raise RequestError(413, f"request body larger than {settings.MAX_REQUEST_BYTES} bytes",
@@ -228,7 +235,10 @@ class ProxyConsumer(AsyncConsumer):
             logger.exception("consumer failed")
             await response.fail_internal()
         finally:
-            await response.finish()
+            try:
+                await response.finish()
+            finally:
+                trace.end(response.status)
 
 
 # ----- endpoints -----
@@ -257,18 +267,18 @@ def hops_checked(scope: Mapping[str, Any]) -> None:
 
 
 async def relay(consumer: ProxyConsumer, body: bytes) -> None:
-    """Authorize, prepare in the consumer's protocol, route, relay."""
+    """Authorize, prepare in the consumer's protocol, route, admit, check large schemas, relay.
+
+    A request refused before admission (a malformed body, a tool declaration or schema past a bound, an
+    unknown model) still counts against its key's and tenant's requests per minute (``limits.count_refused``);
+    the validation pool's schema checks run after admission, so a key over its rate gets its 429 before
+    any pool work. The upstream calls hold one of the tenant's shares of this process's upstream
+    connections (``proxy.upstreams.shares``)."""
     hops_checked(consumer.scope)
     principal = await principal_of(consumer.scope)
-    data = parse_json_object(body)
+    shares.enter(principal.tenant_id)
     protocol = consumer.protocol
-    prepared = protocol.prepare(data, body)
-    await schema_pool.check_schemas(prepared.request)  # large new tool schemas: checked off the event loop
-    model = prepared.request.model
-    plan = principal.resolve(model)
-    if plan is None:
-        raise RequestError(404, f"the model `{model}` does not exist or is not routed for this key",
-                           param="model", code="model_not_found", type=protocol.not_found_type)
+    data, prepared, plan = await _routed(principal, protocol, body)
     response = consumer.response
     assert response is not None
     estimate = max(1, len(body) // CHARS_PER_TOKEN)  # the client's bytes: O(1), no JSON encoding on the path
@@ -276,33 +286,106 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
                      emitter=protocol.emitter(data, prepared), protocol=protocol.name,
                      user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
                      session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
-                                        key=principal.api_key_id, messages=prepared.request.body.get("messages"))
-                     if prepared.request.guarded else "")
+                                        key=principal.api_key_id, messages=prepared.request.body.get("messages")),
+                     prompt_estimate=estimate)
     try:
-        admission = await admitted(principal, estimate=estimate, anthropic=protocol is ANTHROPIC_MESSAGES)
+        admission = await routed(call, estimate=estimate, anthropic=protocol is ANTHROPIC_MESSAGES)
     except RequestError as exc:
         refused(call, response, status=exc.status, error=exc.message)
+        spans.current().event(semconv.EVENT_LIMIT, **{semconv.LIMIT_CODE: str(exc.code or exc.status)})
         raise
     relayed: Relay | None = None
     try:
+        await schema_pool.check_schemas(prepared.request)  # large new tool schemas: checked off the event loop
         response.extra_headers = admission.headers
-        relayed = Relay(call, response, get_client())
-        await relayed.run()
+        async with tenant_share(principal, call, response):
+            relayed = Relay(call, response, get_client())
+            await relayed.run()
     finally:  # detached: a cancelled request (client gone) still gives its slot back and counts its tokens
         if admission.counted:
-            schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug))
+            schedule(admission.settle(tokens_of(relayed, estimate), tenant=principal.slug, usd=usd_of(relayed)))
 
 
-async def admitted(principal: Principal, *, estimate: int, anthropic: bool) -> limits.Admission:
-    """The request admitted by its key's and tenant's limits (``proxy.policy.limits``); ``RequestError``
-    429 over one (``error.code`` names it; a spent budget is ``insufficient_quota``, not retryable)."""
+async def routed(call: RelayCall, *, estimate: int, anthropic: bool) -> limits.Admission:
+    """``admitted``, and the request's routing state read at the same time (``proxy.routing.router``: one
+    round trip each, concurrent): ``call.router`` and its routed ``call.plan`` set."""
+    principal = call.principal
+    admission, router = await asyncio.gather(admitted(principal, estimate=estimate, anthropic=anthropic, call=call),
+                                             Router.read(call.plan, tenant_id=principal.tenant_id,
+                                                         session=call.session))
+    call.router, call.plan = router, router.plan
+    return admission
+
+
+async def _routed(principal: Principal, protocol: ClientProtocol, body: bytes) -> tuple[dict[str, Any], Prepared,
+                                                                                    RoutePlan]:
+    """The parsed body, the prepared request and its route; a refusal (``RequestError``, ``RequestInvalid``)
+    is counted against the key's and tenant's requests per minute before it is raised."""
     try:
-        return await limits.admit((principal.tenant_id, principal.api_key_id, principal.limits, principal.key_limits),
-                                  estimate=estimate, anthropic=anthropic)
+        data = parse_json_object(body)
+        prepared = protocol.prepare(data, body)
+        model = prepared.request.model
+        if not principal.allows(model):
+            raise RequestError(403, f"the model `{model[:200]}` is not allowed for this key; its owner may use: "
+                                    f"{', '.join(principal.member_models)[:1000]}",
+                               param="model", code="model_not_allowed", type=protocol.forbidden_type)
+        plan = principal.resolve(model)
+        if plan is None:
+            raise RequestError(404, f"the model `{model}` does not exist or is not routed for this key",
+                               param="model", code="model_not_found", type=protocol.not_found_type)
+    except (RequestError, RequestInvalid):
+        await limits.count_refused(_limits_of(principal))
+        raise
+    return data, prepared, plan
+
+
+def _limits_of(principal: Principal) -> tuple[int, int, Limits, Limits]:
+    return principal.tenant_id, principal.api_key_id, principal.limits, principal.key_limits
+
+
+@contextlib.asynccontextmanager
+async def tenant_share(principal: Principal, call: RelayCall, response: ClientResponse) -> AsyncIterator[None]:
+    """Hold one of the tenant's ``UPSTREAM_TENANT_CONNECTIONS`` shares of this process's upstream
+    connections for the block; ``RequestError`` 429 ``concurrency`` (journaled as refused) when none came
+    free within ``LIMITS_CONCURRENCY_WAIT_SECONDS``."""
+    slots = shares.SHARES.slots("tenant", principal.tenant_id, settings.UPSTREAM_TENANT_CONNECTIONS)
+    wait = float(settings.LIMITS_CONCURRENCY_WAIT_SECONDS)
+    if not await slots.acquire(wait):
+        message = (f"too many concurrent requests: the tenant's share of this server's upstream connections is "
+                   f"{slots.limit} at once (waited {wait:g} s for one)")
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit="concurrency").inc()
+        refused(call, response, status=429, error=message)
+        raise RequestError(429, message, type="rate_limit_exceeded", code="concurrency", retry_after=1.0)
+    try:
+        yield
+    finally:
+        slots.release()
+
+
+async def admitted(principal: Principal, *, estimate: int, anthropic: bool,
+                   call: RelayCall | None = None) -> limits.Admission:
+    """The request admitted by its key's, its member's and its tenant's limits and money budgets
+    (``proxy.policy.limits``; ``call`` prices the money reservation); ``RequestError`` 429 over one
+    (``error.code`` names it; a spent budget is ``insufficient_quota``, not retryable)."""
+    await prices_ready()  # the process's first request reads the price map once (billing.book)
+    member = (principal.member_id, principal.member_limits) if principal.member_id is not None else None
+    money = principal.limits.money or principal.key_limits.money or principal.member_limits.money
+    reserve = limits.reservation_usd(call.plan.target(0), call.request.body, estimate) if money and call else 0.0
+    try:
+        admission = await limits.admit(_limits_of(principal), estimate=estimate, anthropic=anthropic,
+                                       reserve_usd=reserve, member=member)
     except limits.LimitExceeded as exc:
-        metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit=exc.code).inc()
+        metrics.LIMITS_REFUSED.labels(tenant=metrics.bounded("tenant", principal.slug), limit=exc.limit).inc()
         raise RequestError(429, exc.message, type=exc.type, code=exc.code, retry_after=exc.retry_after,
                            headers=exc.headers, should_retry=not exc.quota) from None
+    if call is not None:
+        call.notes = admission.findings  # a budget past its soft threshold: on the request's audit record
+    return admission
+
+
+def usd_of(relayed: Relay | None) -> float | None:
+    """USD of every attempt of ``relayed`` (unpriced ones count 0); None when it never started."""
+    return sum(a.cost_usd or 0.0 for a in relayed.log.all) if relayed is not None else None
 
 
 def tokens_of(relayed: Relay | None, estimate: int) -> int | None:
@@ -324,11 +407,11 @@ async def models(consumer: ProxyConsumer, body: bytes) -> None:
     hops_checked(consumer.scope)
     principal = await principal_of(consumer.scope)
     protocol = ANTHROPIC_MESSAGES if header(consumer.scope, b"anthropic-version") else OPENAI_CHAT
-    names = principal.model_names()
+    names = [n for n in principal.model_names() if principal.allows(n)]
     if principal.default_target is not None:
         routed = set(names)
         upstream = await get_models().names(principal.default_target)
-        names += [n for n in dict.fromkeys(upstream) if n not in routed]
+        names += [n for n in dict.fromkeys(upstream) if n not in routed and principal.allows(n)]
     assert consumer.response is not None
     await consumer.response.send_json(200, protocol.models_listing(names, principal.slug))
 

@@ -15,14 +15,13 @@ translator and an emitter, and no consumer code.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from proxy.guard.checks.request import ChatRequest, RequestInvalid, check_chat_fields, prepare
 from proxy.guard.checks.schema_bounds import SchemaBounds
+from proxy.guard.checks.token_count import count_prompt
 from proxy.guard.protocols.emit import Emitter
 from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter
 from proxy.guard.protocols.emit_anthropic import error_body as anthropic_error_body
@@ -34,14 +33,15 @@ from proxy.guard.protocols.translate_responses import translate_responses
 
 T = TypeVar("T")
 
-#: Characters per token for the local estimate (a common rule of thumb for English and code).
+#: Characters per token of the admission estimate (the client's bytes, ``proxy.edge.consumers``).
 CHARS_PER_TOKEN = 4
 
 
 def estimate_tokens(chat_body: dict[str, Any]) -> int:
-    """A rough token count of a chat.completions request: ~4 characters per token of its JSON."""
-    text = json.dumps({k: chat_body.get(k) for k in ("messages", "tools")}, ensure_ascii=False)
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+    """The prompt tokens of a chat.completions request, counted for its model's tokenizer family
+    (``proxy.guard.checks.token_count.count_prompt``; within 5% of DeepSeek V4's, Qwen's and cl100k's
+    own counts on English, code and JSON: docs/clients.md, "count_tokens")."""
+    return count_prompt(chat_body)
 
 
 def _bounds() -> SchemaBounds:
@@ -75,6 +75,8 @@ class ClientProtocol:
     name = "openai-chat"
     #: Error ``type`` for an unknown model (OpenAI: ``invalid_request_error``, Anthropic: ``not_found_error``).
     not_found_type = "invalid_request_error"
+    #: Error ``type`` of a 403 (a model this key may not use): OpenAI ``permission_error``, Anthropic the same.
+    forbidden_type = "permission_error"
 
     def prepare(self, data: dict[str, Any], raw: bytes) -> Prepared:
         """The client's request (``data``, parsed from ``raw``) as a prepared chat request;

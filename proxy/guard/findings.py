@@ -113,6 +113,9 @@ class FindingKind(enum.StrEnum):
     UPSTREAM_BODY_TOO_LARGE = "upstream-body-too-large"  # a non-stream answer past its size bound
     OUTBOUND_ADDRESS_REFUSED = "outbound-address-refused"  # the upstream address is refused (SSRF policy)
     CREDENTIAL_REFLECTED = "credential-reflected"  # the upstream echoed toolrelay's credential in an answer
+    # A text stream cut by the upstream after text reached the client was continued from exactly that
+    # text (a trailing assistant prefix, proxy/guard/decisions/continuation.py); the detail says where.
+    TEXT_CONTINUED = "text-continued"
     REQUEST_FIELD_NOT_FORWARDED = "request-field-not-forwarded"  # a client field no upstream field carries
     # The upstream refused a request parameter (an output budget over its range, a field it does not take);
     # the upstream client asked again at once with it clamped or left out (proxy/upstreams/refusals.py).
@@ -133,10 +136,27 @@ class FindingKind(enum.StrEnum):
     ARGUMENTS_ASSEMBLED = "arguments-assembled"  # another assembly than plain concatenation was the valid one
     AMBIGUOUS_ARGUMENTS = "ambiguous-arguments"  # no assembly, or several different ones, valid: retried
     ENVELOPE_VARIANT = "envelope-variant"  # another shape / deprecated field / type variant, normalised
+    # The reading rule (proxy.guard.reading, issue 20): a reading other than the plain one was the unique valid one.
+    SSE_EVENTS_WITHOUT_BLANK_LINE = "sse-events-without-blank-line"  # framing: one data value, several chunks
+    COMPLETION_ID_PER_CHUNK = "completion-id-per-chunk"  # envelope: every chunk an id of its own, one generation
+    CHOICE_INDEX_AS_COUNTER = "choice-index-as-counter"  # envelope: 0, 1, 2, ... per chunk on an n=1 stream
+    TOOL_NAME_SPECIAL_TOKEN_SUFFIX = "tool-name-special-token-suffix"  # noqa: S105 -- names: a<|channel|>b
+    FUSED_PARALLEL_ARGUMENTS = "fused-parallel-arguments"  # arguments: {...}{...} in one slot, several calls
+    ARGUMENTS_MISSING_BRACE = "arguments-missing-brace"  # arguments: one structural character missing at an end
+    MARKUP_RESIDUE_IN_CONTENT = "markup-residue-in-content"  # text: only template markup left beside calls
+    AMBIGUOUS_READING = "ambiguous-reading"  # several readings valid (framing, envelope, names): retried
     # The loop breaker replaced a turn (or an exhaustion answer) with the stuck message (guard/decisions/loops.py).
     AGENT_LOOP = "agent-loop"
     # The tenant's retry budget was spent: a broken answer got no further attempt (proxy/policy/retry_budget.py).
     RETRY_BUDGET_SPENT = "retry-budget-spent"
+    # An upstream usage field was no token count (negative, huge, not a whole number): estimated instead
+    # (proxy/guard/checks/usage.py).
+    USAGE_INVALID = "usage-invalid"
+    # A money budget passed its soft threshold (proxy/policy/money.py): the tenant's alert fires once per window.
+    MONEY_BUDGET_THRESHOLD = "money-budget-threshold"
+    # A session moved to another upstream or key because its own failed (proxy/routing/router.py: the
+    # provider's prompt cache starts over); the detail names where from and where to.
+    SESSION_MOVED = "session-moved"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,16 +22,25 @@ class Repair(enum.StrEnum):
     # parallel_tool_calls false but the upstream sent several calls: keep the first (the one a named
     # tool_choice forces, if any); the client asks for the next step on its next turn.
     EXTRA_PARALLEL_CALLS = "extra-parallel-calls"
+    # arguments missing their opening brace ('"city": "Paris"}'): the one reading that adds it (proxy.guard.reading)
+    MISSING_BRACE = "missing-brace"
 
 
 DETERMINISTIC_REPAIRS: frozenset[Repair] = frozenset(Repair)
 
 
 class Exhaustion(enum.StrEnum):
-    """What a committed client gets when retries run out."""
+    """What a streaming client gets when toolrelay ends a tool turn without a usable answer (attempts
+    exhausted, the retry budget spent, the loop breaker).
 
-    MESSAGE = "message"  # a terminal assistant message saying what failed (agents do not retry it)
-    ERROR = "error"  # the protocol's in-stream error
+    Chosen by running Claude Code, Codex CLI, OpenCode and Qwen Code headless and interactive against
+    each candidate shape (docs/clients.md, "How a turn ends"): only ``fail`` makes every headless run
+    exit with a failure status while each agent shows the message once and does not retry.
+    """
+
+    FAIL = "fail"  # the protocol's terminal, non-retryable error: agents stop, headless runs fail
+    MESSAGE = "message"  # a terminal assistant message saying what failed (headless runs report success)
+    ERROR = "error"  # the protocol's retryable in-stream error (Claude Code and Codex retry it)
 
 
 class FragmentStorage(enum.StrEnum):
@@ -56,13 +65,14 @@ class GuardPolicy:
     ``loop_exhausted_turns``: the exhausted turn in a row that gets the stuck answer (3);
     ``loop_exempt_tools``: tool names never counted (polling tools). ``retry_budget_percent``: retries
     caused by broken upstream output may add at most this share to the tenant's upstream calls over
-    the retry-budget window (``settings.RETRY_BUDGET_WINDOW_SECONDS``, 10 minutes).
+    the retry-budget window (``settings.RETRY_BUDGET_WINDOW_SECONDS``, 10 minutes). ``trace_content``:
+    traces carry finding details and the delivered turn, scrubbed (``proxy.telemetry.spans``; off: no content).
     """
 
     max_retries: int = 2
     stream_text: bool = True
     early_abort: bool = True
-    exhaustion: Exhaustion = Exhaustion.MESSAGE
+    exhaustion: Exhaustion = Exhaustion.FAIL
     repairs: frozenset[Repair] = field(default_factory=lambda: DETERMINISTIC_REPAIRS)
     fragments: FragmentStorage = FragmentStorage.OFFENDING
     retention_days: int = 30
@@ -74,6 +84,7 @@ class GuardPolicy:
     loop_exhausted_turns: int = 3
     loop_exempt_tools: frozenset[str] = frozenset()
     retry_budget_percent: int = 50
+    trace_content: bool = False
 
     def allows(self, repair: Repair) -> bool:
         """True when ``repair`` is allowed."""

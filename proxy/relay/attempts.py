@@ -14,11 +14,14 @@ import time
 from typing import Any
 
 from audit import records as audit
+from billing.book import price_book
 from infra import metrics
 from infra.scrub import redact
+from proxy.guard.checks.usage import Usage, read_usage
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.stream.errors import http_error_decision
 from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.telemetry import spans
 from proxy.upstreams.client import (
     Refusal,
     UpstreamMisconfigured,
@@ -56,12 +59,22 @@ def parameter_refused_detail(refused: Refused) -> str:
     return f'{refused.family} refused it: "{refused.message}"; asked again at once with {fixes}'[:1000]
 
 
-def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
-    """``(prompt_tokens, completion_tokens)`` of an OpenAI usage object, zeros when absent."""
-    if not isinstance(usage, dict):
-        return 0, 0
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (prompt if isinstance(prompt, int) else 0), (completion if isinstance(completion, int) else 0)
+#: Bytes of an upstream event stream per output token, for an answer without usage (frames carry JSON
+#: around each delta; ``proxy.edge.consumers`` counts the same).
+OUTPUT_BYTES_PER_TOKEN = 16
+
+
+def usage_fields(raw: Any, *, answered: bool, prompt_estimate: int, bytes_received: int) -> dict[str, Any]:
+    """The audit fields of an attempt's upstream ``raw`` usage object (``proxy.guard.checks.usage``): token
+    counts, ``usage_estimated`` and one ``usage-invalid`` finding per refused field (``findings_extra``). An
+    attempt the upstream ``answered`` (200 with bytes) without usable usage is estimated: the request's
+    ``prompt_estimate`` and ``bytes_received`` / ``OUTPUT_BYTES_PER_TOKEN``; one it did not answer cost nothing."""
+    usage = read_usage(raw)
+    if not usage.known and answered:
+        usage = usage.with_estimate(prompt_estimate, bytes_received // OUTPUT_BYTES_PER_TOKEN)
+    extra = tuple(Finding(FindingKind.USAGE_INVALID, Severity.WARNING, Action.NORMALIZED, text[:500])
+                  for text in usage.anomalies)
+    return {"usage": usage, "findings_extra": extra}
 
 
 class AttemptLog:
@@ -74,6 +87,10 @@ class AttemptLog:
         self.labels = labels or metrics.request_labels(tenant="", route=None, upstream=None, path=record.path)
         self._secrets: frozenset[str] | None = None
         self.all: list[audit.AttemptRecord] = []
+        self.upstreams: list[str] = []  # the upstream name of each of ``all``
+        #: The request's input tokens, estimated from its size (an answer without usage is charged this).
+        self.prompt_estimate = 0
+        self.trace = spans.current()  # GenAI metrics and the attempt span (``proxy.telemetry.spans``)
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -83,8 +100,11 @@ class AttemptLog:
         return self._secrets
 
     def add(self, target: UpstreamTarget, outcome: str, started: float, *, ended: float | None = None,
-            **fields: Any) -> audit.AttemptRecord:
-        """Record one upstream call (``fields`` as ``audit.AttemptRecord``); ``body`` is redacted."""
+            usage: Any = None, **fields: Any) -> audit.AttemptRecord:
+        """Record one upstream call (``fields`` as ``audit.AttemptRecord``); ``body`` is redacted. ``usage``: the
+        upstream's usage object of an answer (200), read and bounded, estimated when unusable, priced."""
+        if fields.get("upstream_status") == 200 or usage is not None:
+            fields = self._usage(target, usage, fields)
         ttfb = fields.get("ttfb_ms")
         metrics.observe_attempt(self.labels, upstream=target.name, outcome=outcome,
                                 ttfb=ttfb / 1000 if ttfb is not None else None,
@@ -98,8 +118,24 @@ class AttemptLog:
         record = audit.AttemptRecord(number=len(self.all), upstream_id=target.upstream_id,
                                      upstream_model=target.model, outcome=outcome, duration_ms=duration, **fields)
         self.all.append(record)
+        self.upstreams.append(target.name)
         audit.attempt_finished(request=self.record, attempt=record)
+        self.trace.call_recorded(target, record, self.labels)
         return record
+
+    def _usage(self, target: UpstreamTarget, raw: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        """``fields`` with the attempt's tokens, their estimate flag, usage findings and cost (``billing``)."""
+        answered = fields.get("upstream_status") == 200 and bool(fields.get("bytes_received"))
+        read = usage_fields(raw, answered=answered, prompt_estimate=self.prompt_estimate,
+                            bytes_received=fields.get("bytes_received") or 0)
+        usage: Usage = read["usage"]
+        if read["findings_extra"]:
+            fields["findings"] = (*fields.get("findings", ()), *read["findings_extra"])
+        cost = price_book().cost(usage, model=target.model, upstream=target.name) \
+            if usage.prompt or usage.completion else 0.0
+        return {**fields, "prompt_tokens": usage.prompt or 0, "completion_tokens": usage.completion or 0,
+                "cache_read_tokens": usage.cache_read, "cache_write_tokens": usage.cache_write,
+                "reasoning_tokens": usage.reasoning, "usage_estimated": usage.estimated, "cost_usd": cost}
 
     def scrub(self, decision: Decision) -> Decision:
         """``decision`` with upstream credentials redacted from its findings, reason and error."""

@@ -27,7 +27,7 @@ from django.conf import settings
 
 from audit import records as audit
 from infra import metrics
-from infra.background import drain_background
+from infra.background import drain_background, schedule
 from proxy.guard.checks.request import ChatRequest
 from proxy.guard.decisions.answer import RequestOutcome, answer_for, model_failure
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
@@ -37,6 +37,9 @@ from proxy.policy.loop_breaker import LoopBreaker
 from proxy.policy.retry_budget import count_request, take_retry
 from proxy.relay.attempts import AttemptLog
 from proxy.relay.paths import Attempted, Guarded, NonStream, PassThrough
+from proxy.routing import quality
+from proxy.routing.router import Router, key_failure
+from proxy.telemetry import semconv, spans
 from proxy.upstreams.client import DeadlineExceeded, UpstreamClient
 from tenants.principal import Principal, RoutePlan, UpstreamTarget
 
@@ -78,6 +81,11 @@ class RelayCall:
     user_agent: str = ""
     dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
     session: str = ""  # the agent session (``proxy.guard.decisions.loops.session_id``); "" = none known
+    prompt_estimate: int = 0  # the request's input tokens, estimated from its size (for answers without usage)
+    notes: tuple[Finding, ...] = ()  # request-level findings of its admission (a money budget past its threshold)
+    #: The request's routing state (``proxy.routing.router``; ``plan`` is already its routed plan); None:
+    #: nothing read, every circuit closed and every key ok for this request.
+    router: Router | None = None
 
     @property
     def forwards_raw(self) -> bool:
@@ -101,8 +109,9 @@ def request_record(call: RelayCall, response: ClientResponse) -> audit.RequestRe
         model=call.request.model, path=call.path, client_protocol=call.protocol,
         client_user_agent=call.user_agent, route_id=call.plan.route_id, upstream_id=first.upstream_id,
         upstream_model=first.model, fragments=call.plan.policy.fragments,
-        findings=tuple(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
-                               f"not forwarded upstream: {path}"[:500]) for path in call.dropped),
+        member_id=call.principal.member_id, member_username=call.principal.member_username,
+        findings=(*(Finding(FindingKind.REQUEST_FIELD_NOT_FORWARDED, Severity.INFO, Action.IGNORED,
+                            f"not forwarded upstream: {path}"[:500]) for path in call.dropped), *call.notes),
     )
 
 
@@ -112,6 +121,25 @@ def refused(call: RelayCall, response: ClientResponse, *, status: int, error: st
     total_ms = 1000 * (time.monotonic() - response.started)
     audit.request_finished(request=request_record(call, response), result=audit.RequestResult(
         outcome="rejected", status=status, attempts=0, total_ms=total_ms, error=error))
+
+
+def money(attempts: list[audit.AttemptRecord], good: audit.AttemptRecord | None, labels: metrics.RequestLabels,
+          upstreams: list[str]) -> dict[str, Any]:
+    """The request's cache and reasoning tokens, estimate flag and cost split (``delivered_usd``: ``good``'s,
+    ``wasted_usd``: every other attempt's) as ``audit.RequestResult`` fields; counted in
+    ``toolrelay_cost_usd_total`` (``upstreams``: each attempt's upstream name). An attempt with tokens and no
+    price makes the request ``unpriced``."""
+    delivered = (good.cost_usd or 0.0) if good is not None else 0.0
+    wasted = sum(a.cost_usd or 0.0 for a in attempts if a is not good)
+    for attempt, upstream in zip(attempts, upstreams, strict=False):
+        if attempt.cost_usd:
+            metrics.observe_cost(labels, upstream=upstream, model=attempt.upstream_model, usd=attempt.cost_usd,
+                                 kind="delivered" if attempt is good else "wasted")
+    return {"cache_read_tokens": sum(a.cache_read_tokens for a in attempts),
+            "cache_write_tokens": sum(a.cache_write_tokens for a in attempts),
+            "reasoning_tokens": sum(a.reasoning_tokens for a in attempts),
+            "usage_estimated": any(a.usage_estimated for a in attempts),
+            "unpriced": any(a.cost_usd is None for a in attempts), "delivered_usd": delivered, "wasted_usd": wasted}
 
 
 def retryable(decision: Decision) -> bool:
@@ -136,6 +164,9 @@ class Relay:
         self.labels = metrics.request_labels(tenant=call.principal.slug, route=call.plan.route_name,
                                              upstream=first.name, path=call.path)
         self.log = AttemptLog(record, call.plan.targets, self.labels)
+        self.log.prompt_estimate = call.prompt_estimate
+        self.trace = spans.current()  # the request's trace (``proxy.telemetry``; a no-op with tracing off)
+        self.trace.routed(call, secrets=lambda: self.log.secrets)
         self.deadline = response.started + call.plan.deadline  # monotonic seconds
         self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
         self._last: Attempted | None = None
@@ -150,6 +181,8 @@ class Relay:
                                  policy=call.plan.policy) if call.request.guarded else None
         #: Set when the tenant's retry budget stopped a retry (``proxy.policy.retry_budget``).
         self.budget_spent: Finding | None = None
+        self.session_moved: Finding | None = None
+        self.router = call.router or Router(call.plan, {}, {}, tenant_id=call.principal.tenant_id)
 
     async def run(self) -> None:
         """Serve the request on its path; always leaves an audit record behind."""
@@ -193,7 +226,7 @@ class Relay:
         answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
                             checked=not call.forwards_raw, policy=call.plan.policy, attempts=self.attempts_made,
                             request_id=str(self.response.request_id), prompt_tokens=prompt_tokens,
-                            budget=budget)
+                            budget=budget, overflow_in_stream=call.emitter.overflow_in_stream)
         if self.budget_spent is not None:
             answer = dataclasses.replace(answer, reason=f"{answer.reason}; no retry was made: the tenant's retry "
                                                         f"budget is spent")
@@ -211,22 +244,72 @@ class Relay:
         result: Attempted | None = None
         failed: UpstreamTarget | None = None
         budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
-        for attempt, target in self.call.plan.attempts():
+        index = 0  # in the plan's targets (``RoutePlan.next_index``: the route's ``retry_target``)
+        for attempt, _ in self.call.plan.attempts():
+            target = self.router.pick(self.call.plan.targets[index])
             if result is not None and failed is not None:
                 if model_failure(result.decision) and not await self._retry_budget_allows():
                     break
-                if not await self._backoff(attempt - 1, result.decision.error, budget_end):
+                # A refused key with another one to try: at once (the wait was for that key).
+                moved = key_failure(result.decision) is not None and (
+                    target.key_id != failed.key_id or target.upstream_id != failed.upstream_id)
+                if not await self._backoff(attempt - 1, None if moved else result.decision.error, budget_end):
                     break
                 cause = "broken_output" if model_failure(result.decision) else "upstream_error"
                 metrics.observe_retry(self.labels, upstream=failed.name, cause=cause)
+                self.trace.retry(attempt, upstream=failed.name, cause=cause, decision=result.decision)
             self.attempts_made = attempt + 1
             self._current = (target, time.monotonic())
-            result = self._last = await path.attempt(attempt, target)
+            with self.trace.attempt(attempt, target) as traced:
+                result = self._last = await path.attempt(attempt, target)
+                traced.ended(result)
             self._current, failed = None, target
-            if result.delivered or not retryable(result.decision):
+            await self._after(attempt, target, result)
+            if result.delivered or not (retryable(result.decision) or self._other_key(target, result.decision)):
                 break
+            index = self.call.plan.next_index(index, broken=model_failure(result.decision))
         assert result is not None, "a plan has at least one attempt"
         return result
+
+    async def _after(self, attempt: int, target: UpstreamTarget, result: Attempted) -> None:
+        """The routing bookkeeping of an attempt: a guarded request's judged first attempt counts in the
+        target's broken-turn rate; the router observes the result (awaited when a retry's choice needs it)."""
+        if attempt == 0 and self.call.request.guarded and (result.delivered or model_failure(result.decision)):
+            schedule(self._counted(target, broken=not result.delivered))
+        if result.delivered:  # the client has its answer: the bookkeeping must not outlive its connection
+            self.session_moved = self.router.move_finding(target)  # on the request's row (the request page)
+            schedule(self._observed(target, result))
+        else:  # the next attempt's choice of key and upstream needs it
+            await self._observed(target, result)
+
+    async def _observed(self, target: UpstreamTarget, result: Attempted) -> None:
+        """Tell the router how ``target`` did; an answer keeps it as the session's upstream and key, and a
+        move of the session (from a failed upstream or key) is recorded on the trace and in the log (and, by
+        ``_after``, as the request's ``session-moved`` finding).
+
+        An answer's session is kept first: the task runs detached (``_attempts``), and its first step, before
+        any await, writes this process's copy of the session, which the session's next turn reads."""
+        if not result.delivered:
+            await self.router.observe(target, result.decision)
+            return
+        moved = await self.router.delivered(target, result.decision.turn)
+        await self.router.observe(target, result.decision)
+        if moved is not None:
+            self.trace.event(semconv.EVENT_SESSION_MOVED, **{"toolrelay.session.from_upstream_id": moved[0],
+                                                             "toolrelay.session.to_upstream_id": target.upstream_id})
+            logger.info("session moved from upstream %s key %s to upstream %s key %s", moved[0], moved[1],
+                        target.upstream_id, target.key_id)
+
+    async def _counted(self, target: UpstreamTarget, *, broken: bool) -> None:
+        """Count a guarded request's judged first attempt in ``target``'s live broken-turn rate
+        (``proxy.routing.quality``) and show the rate after it in ``toolrelay_routing_broken_rate``."""
+        rate = await quality.count(self.router.state, target, broken=broken)
+        metrics.observe_broken_rate(self.labels, upstream=target.name, model=spans.model_label(target, self.labels),
+                                    rate=rate.observed(), turns=rate.total)
+
+    def _other_key(self, target: UpstreamTarget, decision: Decision) -> bool:
+        """True when a key refused (401/403: not retryable in itself) and its pool has another key to try."""
+        return key_failure(decision) is not None and self.router.another_key(target)
 
     async def _retry_budget_allows(self) -> bool:
         """True when the tenant's retry budget allows one more attempt for broken output (and counts it)."""
@@ -235,6 +318,7 @@ class Relay:
         if not check.allowed:
             self.budget_spent = check.finding(percent)
             metrics.RETRY_BUDGET_SPENT.inc()
+            self.trace.event(semconv.EVENT_RETRY_BUDGET)
         return check.allowed
 
     async def _deadline_passed(self, path: PassThrough | Guarded | NonStream) -> Attempted:
@@ -289,12 +373,15 @@ class Relay:
             completion_tokens=sum(a.completion_tokens for a in attempts),
             wasted_completion_tokens=sum(a.completion_tokens for a in wasted),
             wasted_ms=sum(a.duration_ms or 0 for a in wasted), error=self.error, delivered=self.delivered,
-            findings=tuple(f for f in (self.loops.finding() if self.loops is not None else None, self.budget_spent)
-                           if f is not None),
+            findings=tuple(f for f in (self.loops.finding() if self.loops is not None else None, self.budget_spent,
+                                       self.session_moved) if f is not None),
+            **money(attempts, good, self.labels, self.log.upstreams),
         )
         added = None
         if good is not None and good.duration_ms is not None and result.total_ms is not None:
             added = (result.total_ms - good.duration_ms) / 1000
         metrics.observe_request(self.labels, outcome=self.outcome.value, ttft=response.ttft, added_latency=added)
+        self.trace.relayed(outcome=self.outcome.value, attempts=len(attempts), ttft=response.ttft,
+                           delivered_usd=result.delivered_usd, wasted_usd=result.wasted_usd, unpriced=result.unpriced)
         audit.request_finished(request=self.log.record, result=result)
         metrics.IN_FLIGHT.dec()

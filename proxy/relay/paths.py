@@ -10,6 +10,8 @@ to ``give_up``.
 - ``Guarded`` (streaming, ``tools`` or a translated protocol): frames through ``AttemptGuard``; text
   released per ``Delivery``; tool calls held until valid; a provably broken attempt aborted early;
   the response committed at the first thing the client must see or at the commit deadline.
+- On a route with ``continue_text``, a text stream the upstream cuts after text reached the client is
+  continued from exactly that text where the upstream takes a prefix (``proxy.relay.continued``).
 - ``NonStream``: nothing is sent until the answer is ready (checked unless it is a tool-less OpenAI
   Chat answer, which goes back unchanged with the upstream's content type).
 """
@@ -28,17 +30,19 @@ from django.conf import settings
 from audit.delivered import delivered_error, delivered_exhaustion, delivered_turn
 from infra.scrub import redact
 from proxy.guard.checks.passcheck import PassCheck
+from proxy.guard.checks.request import ChatRequest
 from proxy.guard.decisions.answer import Answer, AnswerKind, RequestOutcome, exhaustion_message
 from proxy.guard.decisions.attempt import AttemptGuard, completion_guard
 from proxy.guard.decisions.delivery import Delivery
 from proxy.guard.decisions.loops import Stuck, stuck_message
 from proxy.guard.events import Abort, Done, TextDelta, ToolCallValid
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
-from proxy.guard.policy import FragmentStorage
+from proxy.guard.policy import Exhaustion, FragmentStorage
 from proxy.guard.stream.errors import classify_inband_error
 from proxy.guard.turn import Decision, Outcome, Turn, UpstreamError
 from proxy.relay import schema_pool
-from proxy.relay.attempts import usage_tokens
+from proxy.relay.continued import GuardedSeam, PassSeam
+from proxy.telemetry import semconv
 from proxy.upstreams.client import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
 from tenants.principal import UpstreamTarget
 
@@ -72,12 +76,13 @@ class _Path(abc.ABC):
         self.log = relay.log
         self.client = relay.client
 
-    def open(self, target: UpstreamTarget, *, ask_usage: bool = False) -> Any:
+    def open(self, target: UpstreamTarget, *, ask_usage: bool = False, request: ChatRequest | None = None) -> Any:
         """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``), its
-        deadlines shortened to what the request deadline and the retry budget leave."""
+        deadlines shortened to what the request deadline and the retry budget leave; ``request``: another
+        body than the client's (a continuation's)."""
         first_byte, idle = self.relay.timeouts(target)
-        return self.client.open(target, self.request, ask_usage=ask_usage, first_byte=first_byte, idle=idle,
-                                max_output_tokens=self.call.plan.max_output_tokens)
+        return self.client.open(target, request or self.request, ask_usage=ask_usage, first_byte=first_byte,
+                                idle=idle, max_output_tokens=self.call.plan.max_output_tokens)
 
     async def interrupted(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
         """The attempt under way was cut by the request deadline (``exc``): record it like a timeout."""
@@ -146,10 +151,10 @@ class _Path(abc.ABC):
                                                                               self.call.plan.policy)))
         outcome = Outcome.NORMALIZED if decision.outcome is Outcome.CLEAN else decision.outcome
         decision = dataclasses.replace(decision, outcome=outcome, findings=(note, *decision.findings))
-        prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
         self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
-                     abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,
-                     completion_tokens=completion, bytes_received=len(body), frames=1, body=body)
+                     abort_reason="" if decision.usable else decision.reason,
+                     usage=decision.turn.usage if decision.turn else None, bytes_received=len(body), frames=1,
+                     body=body)
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
         for choice in decision.turn.choices:
@@ -175,11 +180,25 @@ class _Path(abc.ABC):
         """The loop breaker's answer: a terminal assistant message saying the agent seems stuck and why
         (finish ``stop`` / ``end_turn``, ``response.completed``), in place of the turn or the exhaustion answer."""
         message = stuck_message(stuck, request_id=str(self.response.request_id))
+        self.relay.trace.event(semconv.EVENT_LOOP_BROKEN, **{semconv.LOOP_RULE: stuck.rule})
+        if self.call.plan.policy.exhaustion is Exhaustion.FAIL:
+            await self._fail(message, status=400, code="agent_loop_detected")
+            return
         self.relay.delivered = delivered_exhaustion(message, scrub=self._scrub)
         if self.request.stream:
             await self.response.end(self.call.emitter.close_exhausted(self.separator() + message))
         else:
             await self.response.send_json(200, self.call.emitter.complete_exhausted(message))
+
+    async def _fail(self, message: str, *, status: int, code: str) -> None:
+        """End the turn with ``message`` as the protocol's terminal error (the ``fail`` exhaustion
+        policy): in-stream when streaming, else an HTTP ``status`` error with ``x-should-retry: false``."""
+        self.relay.delivered = delivered_exhaustion(message, as_error=True, scrub=self._scrub)
+        if self.request.stream:
+            await self.response.end(self.call.emitter.close_terminal(message))
+        else:
+            said = message.removesuffix(f" Request id: {self.response.request_id}.")  # error() adds the id
+            await self.response.error(status, said, type="invalid_request_error", code=code, should_retry=False)
 
     async def give_up(self, answer: Answer) -> None:
         """Render ``answer`` (``answer_for``) in the client's protocol."""
@@ -195,6 +214,10 @@ class _Path(abc.ABC):
                 if answer.outcome is RequestOutcome.EXHAUSTED else delivered_error(error.status, error.message,
                                                                                    scrub=scrub)
             await response.end(emitter.close_error(error))
+        elif answer.kind is AnswerKind.TERMINAL:
+            await self._fail(exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
+                                                guarded=self.request.guarded, request_id=str(response.request_id)),
+                             status=502, code="upstream_failed")
         else:
             message = exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
                                          guarded=self.request.guarded, request_id=str(response.request_id))
@@ -206,7 +229,19 @@ class _Path(abc.ABC):
 
 
 class PassThrough(_Path):
-    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged, checked on the side."""
+    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged, checked on the side.
+
+    On a route with ``continue_text`` on, ``seam`` reads what the client was sent, and a stream the upstream
+    cuts after text is continued in the same client stream where the upstream takes a prefix
+    (``proxy.relay.continued``); otherwise a cut ends with the protocol's in-stream error."""
+
+    def __init__(self, relay: Relay) -> None:
+        super().__init__(relay)
+        self.seam = PassSeam(self) if relay.call.plan.continue_text else None
+
+    async def interrupted(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        self.seam = None  # the request deadline passed: no time for a continuation
+        return await super().interrupted(target, started, exc)
 
     async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
         async with self.open(target) as upstream:
@@ -225,10 +260,13 @@ class PassThrough(_Path):
     async def _forward(self, upstream: UpstreamResponse, check: PassCheck) -> int:
         """Forward every chunk as it arrives (cut at its last line end); return the bytes received."""
         size, send, ready, feed = 0, self.response.send, self.response.ready, check.feed
+        seen = self.seam.transcript.feed if self.seam is not None else None
         async for chunk in upstream.chunks():
             size += len(chunk)
             data = feed(chunk)
             if data:
+                if seen is not None:
+                    seen(data)
                 await send(data)
             await ready()  # a slow reader pauses the upstream read here
         return size
@@ -238,16 +276,19 @@ class PassThrough(_Path):
         """The upstream body ended: record what the side checks saw; a stream that ended with neither a
         finish reason nor ``[DONE]`` gets the protocol's error at its end, never a silent success."""
         findings = check.finish()
-        prompt, completion = usage_tokens(check.usage)
         fatal = any(f.fatal for f in findings)
         outcome = "upstream-error" if fatal else ("normalized" if findings else "clean")
         reason = next((f.detail for f in findings if f.fatal), "")
         self.log.add(target, outcome, started, upstream_status=200, bytes_received=size, frames=check.frames,
-                     prompt_tokens=prompt, completion_tokens=completion, findings=findings, abort_reason=reason)
+                     usage=check.usage, findings=findings, abort_reason=reason)
+        if check.broken_off and self.seam is not None and self.seam.possible(target):
+            request_outcome, error_text = await self.seam.run(target, reason or "the stream ended without a finish "
+                                                                                  "reason")
+            return Attempted(_NO_DECISION, delivered=True, outcome=request_outcome, error=error_text)
         if check.broken_off:
-            error = UpstreamError(502, f"the upstream stream ended without a finish reason (request id: "
-                                       f"{self.response.request_id})", "upstream_error", code="upstream_truncated")
-            await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
+            await self.end_with_error(UpstreamError(
+                502, f"the upstream stream ended without a finish reason (request id: {self.response.request_id})",
+                "upstream_error", code="upstream_truncated"))
         else:
             await self.response.end()
         if fatal:
@@ -264,11 +305,19 @@ class PassThrough(_Path):
         if not self.response.committed:
             return await super()._broke(target, started, exc)
         decision = self.log.transport_failure(target, started, exc, upstream_status=200)
-        if not self.response.ended and decision.error is not None:
+        if self.seam is not None and not self.response.ended and self.seam.possible(target):
+            outcome, error_text = await self.seam.run(target, decision.reason)
+            return Attempted(decision, delivered=True, outcome=outcome, error=error_text)
+        if decision.error is not None:
             message = f"the upstream stream broke off: {decision.reason} (request id: {self.response.request_id})"
-            error = dataclasses.replace(decision.error, message=message)
-            await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
+            await self.end_with_error(dataclasses.replace(decision.error, message=message))
         return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=decision.reason)
+
+    async def end_with_error(self, error: UpstreamError) -> None:
+        """End the client's stream with the protocol's in-stream ``error`` (nothing when it already ended); the
+        leading blank lines end an event whose complete data lines the client has, so the error stands alone."""
+        if not self.response.ended:
+            await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
 
 
 class Guarded(_Path):
@@ -278,34 +327,57 @@ class Guarded(_Path):
         super().__init__(relay)
         self.policy = relay.call.plan.policy
         self.delivery = Delivery(stream_text=self.policy.stream_text)
+        self.seam = GuardedSeam(self)  # a cut text stream continued (``proxy.relay.continued``)
+        self._guard: AttemptGuard | None = None  # the attempt under way's
+        self._transport = False  # the attempt under way ended in a transport failure
 
     def separator(self) -> str:
         return self.delivery.exhaustion_separator()
 
     async def attempt(self, number: int, target: UpstreamTarget) -> Attempted:
-        self.delivery.begin()
-        return await super().attempt(number, target)
+        self.delivery.begin(continuing=self.seam.start(target))
+        self._guard, self._transport = None, False
+        result = await super().attempt(number, target)
+        if not result.delivered:
+            self.seam.ended(result.decision, target, cut=self._transport or self._unfinished(),
+                            calls=self._calls_begun())
+        return result
+
+    def _unfinished(self) -> bool:
+        """True when the attempt's stream ended with neither a finish reason nor ``[DONE]``."""
+        return self._guard is not None and self._guard.unfinished
+
+    def _calls_begun(self) -> bool:
+        """True when the attempt's guard saw a tool call begin (a prefix of text cannot continue one)."""
+        return self._guard is not None and self._guard.calls_started
+
+    async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
+        self._transport = True
+        return await super()._broke(target, started, exc)
 
     async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
         keep_body = self.policy.fragments == FragmentStorage.ATTEMPT
         parts: list[bytes] = []
         size, ttfb, abort = 0, None, None
-        async with self.open(target, ask_usage=True) as upstream:
+        async with self.open(target, ask_usage=True, request=self.seam.request(target)) as upstream:
             self.log.refusals(target, upstream)
             if upstream.status != 200:
                 return Attempted(await self.log.http_failure(target, started, upstream))
             if not is_event_stream(upstream):
                 return await self._not_sse(number, target, started, upstream)
             spec = dataclasses.replace(self.request.spec, usage_requested=upstream.asked_usage)
-            guard = AttemptGuard(spec, self.policy, max_line=settings.MAX_SSE_LINE_BYTES,
-                                 max_bytes=settings.MAX_ATTEMPT_BYTES)
+            guard = self._guard = AttemptGuard(spec, self.policy, max_line=settings.MAX_SSE_LINE_BYTES,
+                                               max_bytes=settings.MAX_ATTEMPT_BYTES)
             async for chunk in upstream.chunks():
                 if ttfb is None:
                     ttfb = (time.monotonic() - started) * 1000
                 size += len(chunk)
                 if keep_body and size <= settings.AUDIT_BODY_CAP:
                     parts.append(chunk)
-                abort = await self._handle(guard.feed(chunk)) or abort
+                events = guard.feed(chunk)
+                if guard.usage is not None and not self.response.committed:
+                    self.call.emitter.early_usage(guard.usage)
+                abort = await self._handle(events) or abort
                 if abort is not None and self.policy.early_abort:
                     break
                 await self.response.ready()  # a slow reader pauses the upstream read here
@@ -313,11 +385,11 @@ class Guarded(_Path):
         await self._handle([e for e in final if not isinstance(e, Done)])
         done = next((e for e in final if isinstance(e, Done)), None)
         decision = _NO_DECISION if done is None else self.log.scrub(done.decision)
-        prompt, completion = usage_tokens(decision.turn.usage if decision.turn is not None else None)
         self.log.add(target, decision.outcome.value, started, upstream_status=200, ttfb_ms=ttfb,
                      abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable
                                                                                    else decision.reason),
-                     findings=decision.findings, prompt_tokens=prompt, completion_tokens=completion,
+                     findings=(*self.seam.findings(target), *decision.findings),
+                     usage=decision.turn.usage if decision.turn is not None else None,
                      bytes_received=size, frames=guard.frames, body=b"".join(parts))
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
@@ -371,10 +443,10 @@ class NonStream(_Path):
             return await self._forward(target, started, body, content_type)
         decision = self.log.scrub(await schema_pool.decision(completion_guard(body, self.request.spec,
                                                                               self.call.plan.policy)))
-        prompt, completion = usage_tokens(decision.turn.usage if decision.turn else None)
         self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
-                     abort_reason="" if decision.usable else decision.reason, prompt_tokens=prompt,
-                     completion_tokens=completion, bytes_received=len(body), frames=1 if body else 0, body=body)
+                     abort_reason="" if decision.usable else decision.reason,
+                     usage=decision.turn.usage if decision.turn else None, bytes_received=len(body),
+                     frames=1 if body else 0, body=body)
         if not decision.usable or decision.turn is None:
             return Attempted(decision)
         stopped = await self.looping(decision, number)
@@ -391,9 +463,8 @@ class NonStream(_Path):
             usage = json.loads(body).get("usage")
         except (ValueError, AttributeError):
             usage = None
-        prompt, completion = usage_tokens(usage)
-        self.log.add(target, "clean", started, upstream_status=200, prompt_tokens=prompt,
-                     completion_tokens=completion, bytes_received=len(body), frames=1 if body else 0)
+        self.log.add(target, "clean", started, upstream_status=200, usage=usage, bytes_received=len(body),
+                     frames=1 if body else 0)
         await self.response.start(200, [(b"content-type", content_type.encode("latin-1"))])
         await self.response.end(body)
         return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)

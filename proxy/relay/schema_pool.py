@@ -25,6 +25,7 @@ import atexit
 import json
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
@@ -45,6 +46,7 @@ from proxy.guard.checks.validate import (
 from proxy.guard.decisions.attempt import AttemptGuard
 from proxy.guard.events import Done, Event, Pending
 from proxy.guard.turn import Decision
+from proxy.upstreams import shares
 
 T = TypeVar("T")
 
@@ -111,15 +113,32 @@ async def _run(fn: Callable[..., T], *args: Any) -> T | str:
     """``fn(*args)`` in a pool worker: its result, or why there is none (a phrase: "took longer than
     2 s and was stopped", "could not run: ..."). Killed past
     ``SCHEMA_VALIDATION_DEADLINE_SECONDS`` of running; given up past twice that of waiting for a
-    worker. Never raises (except ``CancelledError``, after cancelling the task)."""
+    worker. A tenant has at most ``SCHEMA_POOL_TENANT_SHARE`` checks in the pool at once (its others
+    wait their turn, within the same bound), so one tenant's flood of fresh schemas never holds every
+    worker (issue 24 item 3). Never raises (except ``CancelledError``, after cancelling the task)."""
     deadline = settings.SCHEMA_VALIDATION_DEADLINE_SECONDS
+    tenant = shares.current_tenant()
+    if tenant is None:
+        return await _scheduled(fn, args, deadline)
+    slots = shares.SHARES.slots("pool", tenant, settings.SCHEMA_POOL_TENANT_SHARE)
+    started = time.monotonic()
+    if not await slots.acquire(2 * deadline):
+        return f"took longer than {deadline:g} s and was stopped (waiting for this tenant's share of the pool)"
+    try:
+        return await _scheduled(fn, args, deadline, waited=time.monotonic() - started)
+    finally:
+        slots.release()
+
+
+async def _scheduled(fn: Callable[..., T], args: tuple[Any, ...], deadline: float, *, waited: float = 0.0) -> T | str:
+    """``fn(*args)`` scheduled in the pool with ``deadline`` (``_run``); ``waited`` seconds already spent."""
     try:
         running = _pool if _pool is not None and _pool.active else await asyncio.to_thread(pool)
         future = running.schedule(fn, args=args, timeout=deadline)
     except Exception as exc:  # noqa: BLE001 -- a pool that cannot start: no result, never a crash
         return f"could not run: the validation pool is unavailable ({type(exc).__name__})"
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=2 * deadline)
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(deadline, 2 * deadline - waited))
     except (FutureTimeout, TimeoutError):
         future.cancel()  # type: ignore[no-untyped-call]  # queued: never runs; running: killed
         return f"took longer than {deadline:g} s and was stopped"

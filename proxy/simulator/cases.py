@@ -47,28 +47,45 @@ class CaseLibrary:
     """Loads fixtures by id on first use and keeps them (the files are small and read-only).
 
     ``directory`` holds the shared corpus (``C*.json``); ``extra`` directories (the project's own
-    ``tests/corpus`` by default) are searched after it for other ids.
+    ``tests/corpus`` by default) are searched after it for other ids. An id found nowhere resolves to
+    the project's own fixture that ``mirrors`` it (same fault kind, other values), so ``case:C14``
+    still works in a clone without the shared corpus beside it.
     """
 
     def __init__(self, directory: Path | None, extra: tuple[Path, ...] = (OWN_CASES_DIR,)) -> None:
         self.directory = directory
         self.dirs = tuple(d for d in (directory, *extra) if d is not None)
         self._cache: dict[str, dict[str, Any]] = {}
+        self._mirror_paths: dict[str, Path] | None = None
 
     def ids(self) -> list[str]:
-        """The case ids present in the directories, sorted."""
+        """The case ids served, sorted: those present in the directories and those their fixtures mirror."""
         found = {p.stem for d in self.dirs if d.is_dir() for p in d.glob("*.json") if _CASE_ID.match(p.stem)}
-        return sorted(found)
+        return sorted(found | set(self._mirrors()))
 
     def get(self, case_id: str) -> dict[str, Any]:
         """The parsed fixture ``case_id`` (case-insensitive, ``c14`` == ``C14``)."""
         key = case_id.strip().upper()
         if key not in self._cache:
             path = next((d / f"{key}.json" for d in self.dirs if (d / f"{key}.json").is_file()), None)
+            if path is None and _CASE_ID.match(key):
+                path = self._mirrors().get(key)
             if not _CASE_ID.match(key) or path is None:
                 raise CaseNotFound(f"no fault case {case_id!r} in {', '.join(map(str, self.dirs)) or 'no directory'}")
             self._cache[key] = json.loads(path.read_text(encoding="utf-8"))
         return self._cache[key]
+
+
+    def _mirrors(self) -> dict[str, Path]:
+        """``{mirrored id: path}`` of the fixtures with a ``mirrors`` field (read once)."""
+        if self._mirror_paths is None:
+            self._mirror_paths = {}
+            paths = [p for d in self.dirs if d.is_dir() for p in sorted(d.glob("*.json")) if _CASE_ID.match(p.stem)]
+            for p in paths:
+                mirrored = json.loads(p.read_text(encoding="utf-8")).get("mirrors")
+                if isinstance(mirrored, str):
+                    self._mirror_paths.setdefault(mirrored.upper(), p)
+        return self._mirror_paths
 
 
 def broken_answer(case: dict[str, Any]) -> BrokenAnswer:

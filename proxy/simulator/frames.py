@@ -111,6 +111,17 @@ def build_stream(turn: Turn, *, include_usage: bool) -> Stream:
     return Stream(envelope=env, frames=frames)
 
 
+def usage_on_every_chunk(stream: Stream, usage: dict[str, Any]) -> None:
+    """``usage`` on every chunk, its completion count growing chunk by chunk to the total (vLLM's
+    ``stream_options.continuous_usage_stats``; the prompt is counted from the first chunk on)."""
+    chunks = [f.chunk for f in stream.frames if f.chunk is not None and f.tag != USAGE]
+    total = int(usage.get("completion_tokens") or 0)
+    for k, chunk in enumerate(chunks, start=1):
+        done = total * k // len(chunks)
+        chunk["usage"] = {**usage, "completion_tokens": done,
+                                "total_tokens": int(usage.get("prompt_tokens") or 0) + done}
+
+
 def frame_bytes(frame: Frame, data_prefix: bytes = b"data: ") -> bytes:
     """The exact bytes of one event (compact JSON, ASCII-escaped, blank-line terminated)."""
     if frame.raw is not None:

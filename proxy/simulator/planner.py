@@ -9,12 +9,13 @@ same underlying turn for the same messages and seed.
 from __future__ import annotations
 
 import json
+import os.path
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.simulator import cases, faults, frames, hostile, refusals
+from proxy.simulator import cases, cut, faults, frames, hostile, refusals, task
 from proxy.simulator.scenario import Scenario, ScenarioError
 from proxy.simulator.turns import GenOptions, Turn, declared_tools, generate_turn, text_turn
 
@@ -118,6 +119,10 @@ def plan(ctx: PlanContext) -> Reply:
         return _plan_text(ctx)
     if mode == "gen":
         return _plan_gen(ctx)
+    if mode == "task":
+        return _plan_task(ctx)
+    if mode == "cut":
+        return _plan_cut(ctx)
     return _plan_failure(ctx)
 
 
@@ -182,6 +187,47 @@ def _plan_gen(ctx: PlanContext, *, clean: bool = False) -> Reply:
     )
 
 
+def _plan_task(ctx: PlanContext) -> Reply:
+    """``task:steps=N:rate=P:seed=S[:kinds=...]``: the scripted multi-step task (``task.py``); a tool
+    turn is corrupted with probability ``rate`` (default kinds ``task.TASK_KINDS``), text never."""
+    scenario = ctx.scenario
+    turn = task.task_turn(ctx.body, scenario.get_int("steps", 10), ctx.rng("turn"))
+    fault = None
+    if turn.calls:
+        kinds = scenario.options.get("kinds") or ",".join(task.TASK_KINDS)
+        fault = _draw_fault(ctx, turn, scenario.get_float("rate", 0.0), kinds)
+    return _timed(
+        _turn_reply(ctx, turn, fault),
+        first_byte_delay=ctx.seconds("ttft", ctx.config.ttft_ms),
+        frame_gap=ctx.seconds("frame", ctx.config.frame_ms),
+    )
+
+
+def _plan_cut(ctx: PlanContext) -> Reply:
+    """``cut=F[:how=drop|eof|stall][:accept=both|deepseek|vllm|none][:chars=N][:utf8=0|1]``: a text stream cut
+    at fraction F of a deterministic generation; a continuation request gets the rest (``cut.py``)."""
+    scenario = ctx.scenario
+    fraction, how, accept = cut.options(scenario)
+    prefix, messages = cut.prefix_of(ctx.body, accept)
+    text = cut.generation(scenario.get_int("seed", ctx.config.seed), messages, scenario.get_int("chars", 600))
+    continuing = isinstance(ctx.body.get("messages"), list) and len(messages) < len(ctx.body["messages"])
+    if prefix is not None:
+        text = text[len(os.path.commonprefix([prefix, text])):]
+    events, offsets = cut.stream_pieces(text, ctx.rng("cut"), ctx.body, utf8=scenario.get_int("utf8", 1) != 0,
+                                        include_usage=ctx.include_usage)
+    reply = Reply(200, SSE, events, streamed=True)
+    if not continuing and ctx.broken and ctx.stream:
+        head, whole = cut.cut_at(events, offsets, int(fraction * len(text)))
+        reply.fault = f"cut-{how}"
+        if how == "stall":
+            reply.stall_after = (whole, ctx.seconds("ms", 60_000))
+        else:
+            reply.pieces = head
+            reply.drop_after = len(head) if how == "drop" else None
+    return _timed(reply, first_byte_delay=ctx.seconds("ttft", ctx.config.ttft_ms),
+                  frame_gap=ctx.seconds("frame", ctx.config.frame_ms))
+
+
 #: ``loop=1``: tool rounds are never over.
 _LOOPING = 1 << 30
 
@@ -203,14 +249,18 @@ def _fault_rate(ctx: PlanContext) -> float:
     return ctx.scenario.get_float("corrupt", ctx.config.corruption_rate)
 
 
-def _draw_fault(ctx: PlanContext, turn: Turn, rate: float) -> tuple[faults.Fault, faults.FaultContext] | None:
+def _draw_fault(
+    ctx: PlanContext, turn: Turn, rate: float, spec: str | None = None
+) -> tuple[faults.Fault, faults.FaultContext] | None:
     rng = ctx.rng("fault")
     if rng.random() >= rate:
         return None
     kinds = ctx.config.kinds
-    if "kinds" in ctx.scenario.options:
+    if spec is None:
+        spec = ctx.scenario.options.get("kinds")
+    if spec is not None:
         try:
-            kinds = faults.parse_kinds(ctx.scenario.options["kinds"])
+            kinds = faults.parse_kinds(spec)
         except ValueError as exc:
             raise ScenarioError(f"{ctx.scenario.text}: {exc}") from None
     fctx = faults.FaultContext(tools=declared_tools(ctx.body), rng=rng, include_usage=ctx.include_usage)
@@ -224,6 +274,7 @@ def _draw_fault(ctx: PlanContext, turn: Turn, rate: float) -> tuple[faults.Fault
 def _turn_reply(ctx: PlanContext, turn: Turn, fault: tuple[faults.Fault, faults.FaultContext] | None) -> Reply:
     """Frame (or serialise) ``turn``, applying ``fault`` at turn and stream level."""
     kind = fault[0].kind if fault else None
+    _fixed_usage(ctx, turn)
     if fault and fault[0].on_turn:
         fault[0].on_turn(turn, fault[1])
     if turn.http_error:
@@ -233,9 +284,26 @@ def _turn_reply(ctx: PlanContext, turn: Turn, fault: tuple[faults.Fault, faults.
         body = json.dumps(frames.completion_body(turn)).encode()
         return Reply(200, JSON, [body], streamed=False, fault=kind)
     stream = frames.build_stream(turn, include_usage=ctx.include_usage)
+    if ctx.scenario.options.get("usage-every") is not None:
+        frames.usage_on_every_chunk(stream, turn.usage)
     if fault and fault[0].on_stream:
         fault[0].on_stream(stream, turn, fault[1])
     return Reply(200, SSE, frames.render_stream(stream), streamed=True, fault=kind)
+
+
+def _fixed_usage(ctx: PlanContext, turn: Turn) -> None:
+    """``usage=P/C[/R]``: the turn reports ``P`` prompt and ``C`` completion tokens (money tests), whatever its
+    size, ``R`` of the prompt's read from the cache (``prompt_tokens_details.cached_tokens``, OpenAI's field)."""
+    value = ctx.scenario.options.get("usage")
+    if value is None:
+        return
+    parts = str(value).split("/")
+    if len(parts) not in (2, 3) or not all(p.isdigit() and len(p) <= 9 for p in parts):
+        raise ScenarioError(f"{ctx.scenario.text}: usage is P/C[/R], whole numbers (e.g. usage=11/7)")
+    prompt, completion = int(parts[0]), int(parts[1])
+    turn.usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if len(parts) == 3:
+        turn.usage["prompt_tokens_details"] = {"cached_tokens": min(prompt, int(parts[2]))}
 
 
 def _plan_failure(ctx: PlanContext) -> Reply:

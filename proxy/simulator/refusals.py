@@ -11,7 +11,7 @@ acceptable value) is answered normally, so a proxy that learned the fix gets a c
     zhipu-max-tokens/N         Zhipu code 1214 "max_tokens参数非法" (no range named)
     openrouter-max-tokens/N    OpenRouter wrapping DeepSeek's 400 in error.metadata.raw
     opaque-max-tokens/N        a refusal naming nothing ("Bad request"): what no proxy can learn from
-    vllm-context/N             vLLM: max_tokens + prompt (about 4 characters a token) > N
+    vllm-context/N             vLLM: max_tokens + prompt (messages and tools, ~4 characters a token) > N
     sglang-context/N           SGLang's wording of the same
     moonshot-context/N         Moonshot "exceeded model token limit: N (requested: T)"
     openai-stream-options      "Unrecognized request argument supplied: stream_options"
@@ -58,7 +58,10 @@ def _budget(body: dict[str, Any]) -> int:
 
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
-    return max(1, len(json.dumps(body.get("messages"), ensure_ascii=False)) // 4)
+    """The prompt at about 4 characters a token: the messages and the declared tools (a chat template
+    renders the tools into the prompt, so a server's window counts them; Claude Code's compaction
+    request, which declares none, is smaller than the request that overflowed)."""
+    return max(1, len(json.dumps([body.get("messages"), body.get("tools") or []], ensure_ascii=False)) // 4)
 
 
 def _choice(body: dict[str, Any]) -> str:

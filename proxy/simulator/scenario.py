@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _GEN = frozenset({"ttft", "frame", "frames", "calls", "seed", "text", "reasoning", "broken", "rounds", "refuse",
-                  "loop"})
+                  "loop", "usage", "usage-every"})
 #: Options each mode accepts (failure modes take the gen options of the stream they disturb).
 MODE_OPTIONS: dict[str, frozenset[str]] = {
     "gen": _GEN | {"corrupt", "kinds"},
@@ -22,11 +22,13 @@ MODE_OPTIONS: dict[str, frozenset[str]] = {
     "stall-after": _GEN | {"ms"},
     "drop-after": _GEN,
     "hostile": _GEN | {"ms", "bytes"},
+    "task": frozenset({"steps", "rate", "seed", "kinds", "ttft", "frame"}),
+    "cut": frozenset({"how", "accept", "chars", "seed", "ttft", "frame", "broken", "ms", "utf8"}),
 }
 #: Modes that disturb a generated answer (and may follow ``gen:<options>:``).
 _FAILURES = frozenset({"http", "stall-first-byte", "stall-after", "drop-after", "hostile"})
 #: Modes whose value (``case:C14``, ``http:429``, ``drop-after=3``) is required.
-_VALUE_REQUIRED = frozenset({"case", "text", "http", "stall-first-byte", "stall-after", "drop-after", "hostile"})
+_VALUE_REQUIRED = frozenset({"cut", "case", "text", "http", "stall-first-byte", "stall-after", "drop-after", "hostile"})
 
 
 class ScenarioError(ValueError):

@@ -51,7 +51,7 @@ class Turn:
     reasoning: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
-    usage: dict[str, int] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)  # OpenAI usage (details nested)
     http_error: tuple[int, dict[str, Any]] | None = None
 
 

@@ -28,10 +28,13 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from infra import headers as reserved_headers
 from infra.outbound import OutboundRefused
 from infra.outbound_http import OutboundTransport
 from proxy.guard.checks.request import ChatRequest
-from proxy.upstreams import hops, refusals
+from proxy.telemetry import spans
+from proxy.upstreams import hops, refusals, shares
+from proxy.upstreams.decoding import PIECE, BodyTooLarge, BodyUndecodable, BoundedBody
 from proxy.upstreams.learned import LearnedLimits, RedisShare, facts_of, record
 from tenants import crypto
 from tenants.principal import UpstreamTarget
@@ -63,6 +66,11 @@ class DeadlineExceeded(UpstreamTimeout):
 
 class UpstreamUnavailable(Exception):
     """The upstream could not be reached (connect refused, DNS, TLS, connection reset)."""
+
+
+class UpstreamBusy(UpstreamUnavailable):
+    """Every one of the upstream's ``UPSTREAM_UPSTREAM_CONNECTIONS`` shares of this process's connections
+    stayed in use for ``LIMITS_CONCURRENCY_WAIT_SECONDS`` (``proxy.upstreams.shares``): retryable."""
 
 
 class UpstreamMisconfigured(UpstreamUnavailable):
@@ -158,28 +166,31 @@ class UpstreamResponse:
         """Raw body chunks as they arrive (no re-chunking: ``aiter_raw()`` without ``chunk_size``).
 
         Raises ``UpstreamTimeout`` when ``idle_timeout`` passes between two chunks and
-        ``UpstreamUnavailable`` when the connection breaks mid-body. An upstream that compresses although
-        it was asked for ``identity`` is decoded (the client must get bytes it can read).
+        ``UpstreamUnavailable`` when the connection breaks mid-body, when the body passes
+        ``UPSTREAM_MAX_BODY_BYTES`` decoded, or when it does not decode. An upstream that compresses
+        although it was asked for ``identity`` is decoded (the client must get bytes it can read), in
+        bounded pieces (``proxy.upstreams.decoding``).
         """
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
-        decode = encoding not in ("", "identity")
-        iterator = self._response.aiter_bytes() if decode else self._response.aiter_raw()
         loop = asyncio.get_running_loop()
         watch = _IdleWatch(self._idle)
         try:
-            async for chunk in iterator:
-                # No deadline while the consumer holds the chunk: a timeout must only ever
-                # interrupt the upstream read, never the relay's own work between reads.
-                watch.holding = True
-                yield chunk
-                watch.holding = False
+            body = BoundedBody(self.headers.get("content-encoding", "identity"), settings.UPSTREAM_MAX_BODY_BYTES)
+            async for raw in self._response.aiter_raw():
+                for chunk in body.feed(raw):
+                    # No deadline while the consumer holds the chunk: a timeout must only ever
+                    # interrupt the upstream read, never the relay's own work between reads.
+                    watch.holding = True
+                    yield chunk
+                    watch.holding = False
                 watch.expires = loop.time() + self._idle
+            for chunk in body.flush():
+                yield chunk
         except asyncio.CancelledError:
             if watch.timed_out():
                 raise UpstreamTimeout("data", self._idle) from None
             raise
-        except httpx.DecodingError as exc:
-            raise UpstreamUnavailable(f"the upstream's {encoding} body does not decode: {exc}") from exc
+        except (BodyTooLarge, BodyUndecodable) as exc:
+            raise UpstreamUnavailable(str(exc)) from None
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(f"the upstream connection broke: {type(exc).__name__}") from exc
         finally:
@@ -210,26 +221,32 @@ def _decrypted_headers(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def secrets_of(target: UpstreamTarget) -> frozenset[str]:
-    """The target's credential and extra header values (decrypted), the strings that must never leave."""
+    """The target's credentials (every key of its pool) and extra header values (decrypted), the strings
+    that must never leave."""
     try:
         headers = _decrypted_headers(target.extra_headers_encrypted)
-        values = [_decrypted(target.credential_encrypted), *(value for _, value in headers)]
+        values = [_decrypted(target.credential_encrypted), *(_decrypted(k[1]) for k in target.keys),
+                  *(value for _, value in headers)]
     except crypto.CredentialError:
         return frozenset()  # never sent either: the call fails before any request (UpstreamMisconfigured)
     return frozenset(v for v in values if len(v) >= 4)
 
 
 def request_headers(target: UpstreamTarget, *, stream: bool) -> dict[str, str]:
-    """Headers for an upstream call: the decrypted credential as a Bearer token, extra headers, JSON, and
-    the request's proxy hop count (``proxy.upstreams.hops``)."""
+    """Headers for an upstream call: the stored extra headers first, then toolrelay's own over them (JSON,
+    the decrypted credential as a Bearer token, the request's proxy hop count: ``proxy.upstreams.hops``).
+    Reserved names (``infra.headers``) in a stored row saved before they were refused are dropped; a
+    stored name equal to one of toolrelay's in another case is dropped too (one header per name)."""
+    headers = {name.lower(): value for name, value in _decrypted_headers(target.extra_headers_encrypted)
+               if not reserved_headers.reserved(name)}
     # identity: the bytes a pass-through forwards must be what the client can read (httpx asks for gzip
     # by default, and aiter_raw() does not decode it).
-    headers = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity",
-               "accept": "text/event-stream" if stream else "application/json", hops.HEADER: hops.outgoing()}
+    headers.update({"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity",
+                    "accept": "text/event-stream" if stream else "application/json", hops.HEADER: hops.outgoing()})
     credential = _decrypted(target.credential_encrypted)
     if credential:
         headers["authorization"] = f"Bearer {credential}"
-    headers.update(_decrypted_headers(target.extra_headers_encrypted))
+    spans.inject(headers)  # W3C traceparent of the attempt's span (nothing with tracing off)
     return headers
 
 
@@ -285,15 +302,15 @@ async def _read_capped(response: httpx.Response, cap: int = ERROR_BODY_CAP) -> b
     """Up to ``cap`` bytes of an error body, decoded when the upstream compressed it anyway."""
     parts: list[bytes] = []
     size = 0
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    chunks = response.aiter_raw() if encoding in ("", "identity") else response.aiter_bytes()
     try:
-        async for chunk in chunks:
-            parts.append(chunk)
-            size += len(chunk)
-            if size >= cap:
-                break
-    except (httpx.TransportError, httpx.DecodingError):
+        body = BoundedBody(response.headers.get("content-encoding", "identity"), cap + PIECE)
+        async for raw in response.aiter_raw():
+            for chunk in body.feed(raw):
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= cap:
+                    return b"".join(parts)[:cap]
+    except (httpx.TransportError, BodyTooLarge, BodyUndecodable):
         pass  # what arrived is enough to classify the refusal
     return b"".join(parts)[:cap]
 
@@ -330,10 +347,29 @@ class UpstreamClient:
         ``MAX_REASKS`` times, each fixing something new; the fixes that hold are remembered and shared
         (``proxy.upstreams.learned``), and ``UpstreamResponse.refusals`` holds the refused answers. The response is
         closed when the context exits, also on cancellation (client disconnect). Raises
-        ``UpstreamTimeout`` (first byte), ``UpstreamUnavailable`` (connect errors) and
+        ``UpstreamTimeout`` (first byte), ``UpstreamUnavailable`` (connect errors), ``UpstreamBusy`` (the
+        upstream's share of this process's connections stayed in use: ``proxy.upstreams.shares``) and
         ``UpstreamMisconfigured`` (stored secrets that do not decrypt).
         """
         headers = self._headers(target, stream=request.stream)
+        slots = shares.SHARES.slots("upstream", target.upstream_id, settings.UPSTREAM_UPSTREAM_CONNECTIONS)
+        wait = float(settings.LIMITS_CONCURRENCY_WAIT_SECONDS)
+        if not await slots.acquire(wait):
+            raise UpstreamBusy(f"the upstream {target.name!r} has all of its {slots.limit} connections of this "
+                               f"server in use (waited {wait:g} s)")
+        try:
+            async with self._opened(target, request, headers, ask_usage=ask_usage,
+                                    max_output_tokens=max_output_tokens, first_byte=first_byte,
+                                    idle=idle) as response:
+                yield response
+        finally:
+            slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _opened(self, target: UpstreamTarget, request: ChatRequest, headers: dict[str, str], *,
+                      ask_usage: bool, max_output_tokens: int | None, first_byte: float | None,
+                      idle: float | None) -> AsyncIterator[UpstreamResponse]:
+        """``open`` past the upstream's share."""
         if self._following is None and settings.REDIS_URL:
             await self._follow_shared()
         first_byte = min(target.first_byte_timeout, first_byte if first_byte is not None else target.first_byte_timeout)

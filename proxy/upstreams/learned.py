@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.upstreams.refusals import Fix, Refused
-from tenants.learned import REDIS_KEY, LearnedFact, redis_field
+from tenants.learned import LearnedFact, redis_field, redis_key
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def record(facts: Iterable[LearnedFact], share: RedisShare | None) -> None:
 
 
 class RedisShare:
-    """The facts of every process in one Redis hash (``REDIS_KEY``): ``publish`` one, ``pull`` all.
+    """The facts of every process in one Redis hash (``redis_key()``): ``publish`` one, ``pull`` all.
 
     Failures are logged once per outage and never raised: the process keeps its own facts, and the
     principals carry the database's."""
@@ -130,6 +130,7 @@ class RedisShare:
         import redis.asyncio
 
         self._client = redis.asyncio.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self._key = redis_key()
         self._failing = False
         self._publishing: set[asyncio.Task[None]] = set()
 
@@ -143,9 +144,9 @@ class RedisShare:
     async def publish(self, fact: LearnedFact) -> None:
         """Write ``fact`` unless the hash holds one learned later."""
         try:
-            held = LearnedFact.from_json(await self._client.hget(REDIS_KEY, redis_field(fact)))
+            held = LearnedFact.from_json(await self._client.hget(self._key, redis_field(fact)))
             if held is None or held.learned_at < fact.learned_at:
-                await self._client.hset(REDIS_KEY, redis_field(fact), fact.to_json())
+                await self._client.hset(self._key, redis_field(fact), fact.to_json())
             self._ok()
         except Exception as exc:  # noqa: BLE001 - see the class docstring
             self._failed(exc)
@@ -153,7 +154,7 @@ class RedisShare:
     async def pull(self) -> list[LearnedFact]:
         """Every fact in the hash ([] when Redis cannot be read)."""
         try:
-            raw = await self._client.hgetall(REDIS_KEY)
+            raw = await self._client.hgetall(self._key)
             self._ok()
         except Exception as exc:  # noqa: BLE001 - see the class docstring
             self._failed(exc)

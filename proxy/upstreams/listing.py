@@ -23,6 +23,7 @@ from django.conf import settings
 
 from infra.outbound_http import outbound_client
 from proxy.upstreams.client import request_headers
+from proxy.upstreams.decoding import BoundedBody
 from tenants.principal import UpstreamTarget
 
 logger = logging.getLogger(__name__)
@@ -80,10 +81,17 @@ class UpstreamModels:
             async with client.stream("GET", f"{target.base_url}/models", headers=headers) as response:
                 response.raise_for_status()
                 body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_BYTES:
-                        raise ValueError(f"a model listing larger than {MAX_BYTES} bytes")
+                decoded = BoundedBody(response.headers.get("content-encoding", "identity"), MAX_BYTES)
+                if response.is_stream_consumed:  # a response built whole (an injected transport): its bytes
+                    body += response.content[: MAX_BYTES + 1]
+                else:
+                    async for raw in response.aiter_raw():  # decoded in bounded pieces (proxy.upstreams.decoding)
+                        for chunk in decoded.feed(raw):
+                            body += chunk
+                    for chunk in decoded.flush():
+                        body += chunk
+                if len(body) > MAX_BYTES:
+                    raise ValueError(f"a model listing larger than {MAX_BYTES} bytes")
         return model_ids(json.loads(body))
 
     def clear(self) -> None:

@@ -232,3 +232,75 @@ def test_setup_schedules_registers_the_evaluation(world_a: TenantWorld) -> None:
 def test_slack_bodies_are_a_text_message() -> None:
     alert = {"event": "alert", "rule": "exhausted", "tenant": "acme", "subject": "tenant", "summary": "3 requests"}
     assert json.loads(webhook.body(alert, "slack")) == {"text": "[toolrelay] acme / tenant: 3 requests"}
+
+
+def test_a_money_budget_past_its_soft_threshold_fires_once(world_a: TenantWorld, world_b: TenantWorld,
+                                                           receiver: str) -> None:
+    """Issue 19 item 4: the ``money-budget-threshold`` finding of a request fires the tenant's webhook once,
+    with no threshold to configure; another tenant's never counts."""
+    make_hook(world_a, receiver)
+    requests(world_a, "clean")
+    requests(world_b, "clean")
+    for world in (world_a, world_b):
+        row = ProxyRequest.objects.filter(tenant=world.tenant).first()
+        assert row is not None
+        Finding.objects.create(request=row, tenant_id_copy=world.tenant.pk, kind="money-budget-threshold",
+                               severity="warning", action="ignored",
+                               detail="the tenant's daily budget passed 80%: $8.1 of $10 spent or reserved")
+    created = alerts_evaluate()
+    assert [settled(pk).rule for pk in created] == ["money-budget"]
+    (text,) = [json.loads(body)["text"] for _, body in Receiver.seen]
+    assert "daily budget passed 80%" in text
+    assert alerts_evaluate() == []
+
+
+def test_the_test_button_is_rate_limited_per_webhook_and_tenant(world_a: TenantWorld, receiver: str, admin_a: Any,
+                                                                client: Any, settings: Any) -> None:
+    """Issue 24 item 9: 120 presses in 10 s against a receiver that never answered exhausted Postgres
+    connections. Now one test alert per webhook per ALERT_TEST_INTERVAL_SECONDS, a few per tenant per minute."""
+    settings.ALERT_TEST_PER_TENANT_PER_MINUTE = 2
+    hooks = [make_hook(world_a, receiver, name=f"hook-{n}") for n in range(3)]
+    client.force_login(admin_a)
+    for _ in range(5):
+        client.post(f"/admin/alerts/alertwebhook/{hooks[0].pk}/test/")
+    assert AlertDelivery.objects.filter(webhook=hooks[0]).count() == 1
+    answer = client.post(f"/admin/alerts/alertwebhook/{hooks[0].pk}/test/", follow=True)
+    assert "less than 10 s ago" in answer.content.decode()
+    client.post(f"/admin/alerts/alertwebhook/{hooks[1].pk}/test/")
+    client.post(f"/admin/alerts/alertwebhook/{hooks[2].pk}/test/")
+    assert AlertDelivery.objects.count() == 2, "the tenant's per-minute bound"
+    for delivery in AlertDelivery.objects.all():
+        settled(delivery.pk)
+
+
+def test_eager_tasks_run_on_a_bounded_number_of_threads(settings: Any) -> None:
+    """Without a broker, at most EAGER_TASK_WORKERS eager tasks run at once (each may hold a database
+    connection); past EAGER_TASK_QUEUE waiting, a task is not started."""
+    from audit import tasks
+
+    settings.EAGER_TASK_WORKERS, settings.EAGER_TASK_QUEUE = 2, 3
+    slots = tasks._EagerSlots()
+    release = threading.Event()
+    running: list[int] = []
+    peak = [0]
+    lock = threading.Lock()
+
+    def work() -> None:
+        with lock:
+            running.append(1)
+            peak[0] = max(peak[0], len(running))
+        release.wait(10)
+        with lock:
+            running.pop()
+
+    admitted = [slots.admit() for _ in range(4)]
+    assert admitted == [True, True, True, False]
+    threads = [threading.Thread(target=slots.run, args=(work,)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    assert peak[0] == 2 and slots.running == 2 and slots.waiting == 1
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert slots.running == 0 and slots.waiting == 0 and peak[0] == 2

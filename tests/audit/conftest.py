@@ -231,8 +231,11 @@ def on_worker(celery_worker: Worker, settings: Any) -> Iterator[Worker]:
     """Send this test's tasks to the real worker (not eager), reading its report files."""
     from config.celery import app
 
-    saved = {key: app.conf[key] for key in ("broker_url", "task_always_eager", "task_default_queue")}
-    app.conf.update(broker_url=celery_worker.broker, task_always_eager=False, task_default_queue=celery_worker.queue)
+    saved = {key: app.conf[key] for key in ("broker_url", "task_always_eager", "task_default_queue",
+                                            "broker_transport_options")}
+    # The worker's settings put its Redis keys under the deployment prefix (REDIS_PREFIX): so does this sender.
+    app.conf.update(broker_url=celery_worker.broker, task_always_eager=False, task_default_queue=celery_worker.queue,
+                    broker_transport_options={"global_keyprefix": settings.REDIS_PREFIX})
     _reset_connections(app)
     settings.MEDIA_ROOT = str(celery_worker.media)
     yield celery_worker

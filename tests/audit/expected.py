@@ -26,6 +26,10 @@ from typing import Any
 
 from tests.audit.conftest import AuditRows
 
+#: The fixture rows carry no cost (money figures are tested in tests/billing and tests/e2e/test_money.py).
+NO_MONEY = {"cost_usd": 0.0, "wasted_usd": 0.0, "unpriced": 0}
+NO_WASTE = {"wasted_usd": 0.0}
+
 ZERO_OUTCOMES = {"pending": 0, "clean": 0, "normalized": 0, "repaired": 0, "recovered-by-retry": 0, "exhausted": 0,
                  "upstream-error": 0, "client-cancelled": 0, "interrupted": 0, "rejected": 0}
 
@@ -40,7 +44,8 @@ def expected_figures(rows: AuditRows) -> dict[str, Any]:
         "totals": {
             "requests": 7, "guarded": 6, "guarded_share": 0.8571, "touched": 5, "corrupted": 3,
             "corruption_rate": 0.5, "recovered": 2, "exhausted": 1, "attempts": 12, "prompt_tokens": 7000,
-            "completion_tokens": 850, "wasted_completion_tokens": 250, "wasted_seconds": 8.0, "findings": 9,
+            "completion_tokens": 850, "wasted_completion_tokens": 250, "wasted_unknown_requests": 0,
+            "wasted_seconds": 8.0, **NO_MONEY, "findings": 9,
             # Guarded attempts 1+2+3+1+1+3; with a finding: r2 #0, r4 #0-2, r5 #0, r7 #0, r6 #0-1; fatal
             # (retry): r2 #0, r4 #0-2, r6 #0-1.
             "guarded_attempts": 11, "faulty_attempts": 8, "attempt_fault_rate": 0.7273, "failed_attempts": 6,
@@ -50,25 +55,29 @@ def expected_figures(rows: AuditRows) -> dict[str, Any]:
         "by_upstream": [
             {"upstream_id": a, "upstream": "tenant-a-upstream", "tenant": "tenant-a", "requests": 5, "guarded": 5,
              "corrupted": 2, "corruption_rate": 0.4, "exhausted": 0, "wasted_completion_tokens": 130,
-             "wasted_seconds": 4.0},
+             "wasted_unknown_requests": 0, "wasted_seconds": 4.0, **NO_MONEY},
             {"upstream_id": qwen, "upstream": "tenant-a-qwen", "tenant": "tenant-a", "requests": 2, "guarded": 1,
              "corrupted": 1, "corruption_rate": 1.0, "exhausted": 1, "wasted_completion_tokens": 120,
-             "wasted_seconds": 4.0},
+             "wasted_unknown_requests": 0, "wasted_seconds": 4.0, **NO_MONEY},
         ],
         "by_model": [
             {"model": "deepseek-chat", "requests": 5, "guarded": 5, "corrupted": 2, "corruption_rate": 0.4,
-             "exhausted": 0, "wasted_completion_tokens": 130, "wasted_seconds": 4.0},
+             "exhausted": 0, "wasted_completion_tokens": 130, "wasted_unknown_requests": 0,
+             "wasted_seconds": 4.0, **NO_MONEY},
             {"model": "qwen-coder", "requests": 2, "guarded": 1, "corrupted": 1, "corruption_rate": 1.0,
-             "exhausted": 1, "wasted_completion_tokens": 120, "wasted_seconds": 4.0},
+             "exhausted": 1, "wasted_completion_tokens": 120, "wasted_unknown_requests": 0,
+             "wasted_seconds": 4.0, **NO_MONEY},
         ],
         "by_kind": [
-            {"kind": "arguments-not-json", "findings": 2, "requests": 2, "fatal": 2, "share": 0.2857},
-            {"kind": "schema-violation", "findings": 2, "requests": 1, "fatal": 2, "share": 0.1429},
-            {"kind": "code-fence-prefix-in-arguments", "findings": 1, "requests": 1, "fatal": 0, "share": 0.1429},
-            {"kind": "mid-stream-error-chunk", "findings": 1, "requests": 1, "fatal": 1, "share": 0.1429},
-            {"kind": "name-repeated-every-chunk", "findings": 1, "requests": 1, "fatal": 0, "share": 0.1429},
-            {"kind": "sse-comment-keepalives", "findings": 1, "requests": 1, "fatal": 0, "share": 0.1429},
-            {"kind": "upstream-timeout", "findings": 1, "requests": 1, "fatal": 1, "share": 0.1429},
+            {"kind": "arguments-not-json", "findings": 2, "requests": 2, "fatal": 2, "share": 0.2857, **NO_WASTE},
+            {"kind": "schema-violation", "findings": 2, "requests": 1, "fatal": 2, "share": 0.1429, **NO_WASTE},
+            {"kind": "code-fence-prefix-in-arguments", "findings": 1, "requests": 1, "fatal": 0,
+             "share": 0.1429, **NO_WASTE},
+            {"kind": "mid-stream-error-chunk", "findings": 1, "requests": 1, "fatal": 1, "share": 0.1429, **NO_WASTE},
+            {"kind": "name-repeated-every-chunk", "findings": 1, "requests": 1, "fatal": 0,
+             "share": 0.1429, **NO_WASTE},
+            {"kind": "sse-comment-keepalives", "findings": 1, "requests": 1, "fatal": 0, "share": 0.1429, **NO_WASTE},
+            {"kind": "upstream-timeout", "findings": 1, "requests": 1, "fatal": 1, "share": 0.1429, **NO_WASTE},
         ],
         "over_time": [
             {"bucket": "2026-01-01T00:00:00Z", "requests": 3, "guarded": 2, "corrupted": 1, "corruption_rate": 0.5},
@@ -115,9 +124,11 @@ def expected_figures(rows: AuditRows) -> dict[str, Any]:
         ],
         "clients": [
             {"user_agent": "claude-cli/1.0.5", "requests": 5, "guarded": 5, "corrupted": 2, "corruption_rate": 0.4,
-             "exhausted": 0, "wasted_completion_tokens": 130, "wasted_seconds": 4.0},
+             "exhausted": 0, "wasted_completion_tokens": 130, "wasted_unknown_requests": 0,
+             "wasted_seconds": 4.0, **NO_MONEY},
             {"user_agent": "codex_cli_rs/0.9", "requests": 2, "guarded": 1, "corrupted": 1, "corruption_rate": 1.0,
-             "exhausted": 1, "wasted_completion_tokens": 120, "wasted_seconds": 4.0},
+             "exhausted": 1, "wasted_completion_tokens": 120, "wasted_unknown_requests": 0,
+             "wasted_seconds": 4.0, **NO_MONEY},
         ],
     }
 
@@ -125,3 +136,13 @@ def expected_figures(rows: AuditRows) -> dict[str, Any]:
 def without_generated_at(figures: dict[str, Any]) -> dict[str, Any]:
     """``figures`` minus the one field that depends on the clock."""
     return {key: value for key, value in figures.items() if key != "generated_at"}
+
+
+def expected_report_figures(rows: AuditRows) -> dict[str, Any]:
+    """``expected_figures`` plus what only built reports carry: ``by_member`` (no request of the fixture has a
+    member: one row of tenant keys; incidents = 1 exhausted + 2 recovered)."""
+    return {**expected_figures(rows), "by_member": [
+        {"member_id": None, "member": "(tenant keys)", "tenant": "tenant-a", "requests": 7, "prompt_tokens": 7000,
+         "completion_tokens": 850, "wasted_prompt_tokens": 0, "wasted_completion_tokens": 250,
+         "wasted_seconds": 8.0, **NO_MONEY, "corrupted": 3, "corruption_rate": 0.5, "exhausted": 1, "recovered": 2,
+         "loops_broken": 0, "limits_hit": 0, "retry_budget_spent": 0, "incidents": 3}]}

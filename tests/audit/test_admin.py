@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -247,3 +248,26 @@ def test_it_links_the_dashboard_from_the_admin_index(audit_rows: AuditRows, view
     """The admin index offers the dashboard to users who see the audit app."""
     text = login(viewer_a).get(reverse("admin:index")).content.decode()
     assert reverse("admin:audit_dashboard") in text
+
+
+def _wrapping_columns(html: str) -> set[str]:
+    """The list columns (``field-NAME``) the page's styles let wrap (``white-space: normal``)."""
+    found = set()
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", html):
+        if re.search(r"white-space:\s*normal", body):
+            found.update(re.findall(r"#result_list td\.field-([a-z_]+)", selectors))
+    return found
+
+
+def test_the_long_columns_of_the_findings_and_reports_lists_wrap_instead_of_overflowing(
+        audit_rows: AuditRows, superuser: User, login: Login) -> None:
+    """Every cell of a list is kept on one line, which pushed the findings' detail and a report's second
+    download past 1400 px: those columns wrap, and both downloads are in the cell."""
+    client = login(superuser)
+    done = report_build(report_id=report_request(since=PERIOD[0], until=PERIOD[1], format="csv", enqueue=False).pk)
+    findings = client.get(reverse("admin:audit_finding_changelist") + "?severity=all").content.decode()
+    reports = client.get(reverse("admin:audit_report_changelist")).content.decode()
+    assert 'class="field-detail_short"' in findings and "detail_short" in _wrapping_columns(findings)
+    assert 'class="field-downloads"' in reports and {"downloads", "tenant_list"} <= _wrapping_columns(reports)
+    cell = reports.split('<td class="field-downloads">', 1)[1].split("</td>", 1)[0]
+    assert f"report-{done.pk}-requests.csv" in cell and f"report-{done.pk}-findings.csv" in cell

@@ -66,6 +66,36 @@ def test_an_explicit_search_or_outcome_is_not_hidden_by_the_default(audit_rows: 
     assert "r1" in _shown(client.get(REQUESTS + "?outcome__exact=clean"), audit_rows)
 
 
+def test_the_short_id_the_lists_show_finds_the_request_and_its_findings(audit_rows: AuditRows, viewer_a: User,
+                                                                        login: Login) -> None:
+    """The 8 characters of the list's first column (any case, with or without what follows) find the request;
+    another tenant's request is not found by its short id; a short non-hex text is a model name."""
+    client = login(viewer_a)
+    r4, r9 = audit_rows.requests["r4"], audit_rows.requests["r9"]
+    short = str(r4.pk)[:8]
+    assert short in client.get(REQUESTS + "?show=all").content.decode()
+    for term in (short, short.upper(), str(r4.pk)[:13]):
+        assert [r.pk for r in client.get(REQUESTS, {"q": term}).context["cl"].result_list] == [r4.pk], term
+    findings = client.get(FINDINGS, {"q": short, "severity": "all"}).context["cl"].result_list
+    assert findings and {f.request_id for f in findings} == {r4.pk}
+    assert list(client.get(REQUESTS, {"q": str(r9.pk)[:8]}).context["cl"].result_list) == []
+    assert list(client.get(REQUESTS, {"q": "zzzzzzzz"}).context["cl"].result_list) == []
+
+
+def test_findings_number_attempts_from_one_as_the_timeline_does(audit_rows: AuditRows, viewer_a: User,
+                                                                 login: Login) -> None:
+    """r4's findings are on its attempts 1-3 (``Attempt.number`` 0-2): the list, the request page's
+    findings and the timeline agree."""
+    client = login(viewer_a)
+    r4 = audit_rows.requests["r4"]
+    listed = client.get(FINDINGS, {"q": str(r4.pk), "severity": "all"})
+    numbers = re.findall(r'<td class="field-attempt_number">(\d+)</td>', listed.content.decode())
+    assert sorted(numbers) == ["1", "2", "3"]
+    page = client.get(reverse("admin:audit_proxyrequest_change", args=[r4.pk])).content.decode()
+    inline = re.findall(r'<td class="field-attempt_number">\s*<p>(\d+)</p>', page)
+    assert sorted(inline) == ["1", "2", "3"] and "attempt 3:" in page and "attempt 0" not in page
+
+
 @pytest.mark.parametrize("persona", ["viewer_a", "superuser"])
 def test_findings_default_to_warnings_and_errors_with_their_detail(
         persona: str, audit_rows: AuditRows, login: Login, request: pytest.FixtureRequest) -> None:

@@ -16,7 +16,7 @@ from audit.exports import FINDING_COLUMNS, REQUEST_COLUMNS
 from audit.models import Report
 from config.celery import app
 from tests.audit.conftest import AuditRows
-from tests.audit.expected import expected_figures, without_generated_at
+from tests.audit.expected import expected_report_figures, without_generated_at
 
 PERIOD_ARGS = ["--since", "2026-01-01", "--until", "2026-01-04"]
 
@@ -32,7 +32,7 @@ def test_it_writes_a_json_report_to_the_output_path(audit_rows: AuditRows, tmp_p
     target = tmp_path / "out" / "summary.json"
     printed = _run("audit_report", *PERIOD_ARGS, "--tenant", "tenant-a", "--format", "json", "--output", str(target))
     assert printed.strip() == str(target)
-    assert without_generated_at(json.loads(target.read_text())) == expected_figures(audit_rows)
+    assert without_generated_at(json.loads(target.read_text())) == expected_report_figures(audit_rows)
     assert Report.objects.get().origin == Report.Origin.COMMAND
 
 

@@ -13,7 +13,7 @@ import audit.tasks
 from audit.models import Report
 from audit.tasks import report_request
 from tests.audit.conftest import PERIOD, AuditRows, wait_for_report
-from tests.audit.expected import expected_figures, without_generated_at
+from tests.audit.expected import expected_report_figures, without_generated_at
 
 
 @pytest.mark.usefixtures("transactional_db")
@@ -34,7 +34,7 @@ def test_it_builds_a_report_in_a_background_thread_without_a_broker(
     assert report.status == "done", report.error
     assert threads == ["eager audit.tasks.report_build_task"]
     assert threading.current_thread().name not in threads
-    assert without_generated_at(report.figures) == expected_figures(audit_rows)
+    assert without_generated_at(report.figures) == expected_report_figures(audit_rows)
     with report.file.open("rb") as stored:
         assert stored.read().count(b"<svg") == 11
 

@@ -25,9 +25,10 @@ from tests.audit.conftest import PERIOD, AuditRows, add_request
 
 #: The documented columns (docs/reports.md): a change here is a change of the export's contract.
 DOCUMENTED_REQUEST_COLUMNS = [
-    "id", "created", "finished", "tenant", "upstream", "model", "upstream_model", "client_protocol",
+    "id", "created", "finished", "tenant", "member", "upstream", "model", "upstream_model", "client_protocol",
     "client_user_agent", "path", "outcome", "status", "attempts", "ttft_ms", "total_ms", "prompt_tokens",
-    "completion_tokens", "wasted_completion_tokens", "wasted_ms", "findings", "error",
+    "completion_tokens", "wasted_completion_tokens", "wasted_ms", "cache_read_tokens", "cache_write_tokens",
+    "reasoning_tokens", "usage_estimated", "cost_usd", "delivered_usd", "wasted_usd", "unpriced", "findings", "error",
 ]
 DOCUMENTED_FINDING_COLUMNS = [
     "id", "request_id", "attempt", "created", "tenant", "upstream", "model", "kind", "severity", "action",
@@ -68,8 +69,8 @@ def test_it_writes_one_csv_row_per_finding_with_the_documented_columns(audit_row
     assert len(rows) == 9
     r4 = [row for row in rows if row["request_id"] == str(audit_rows.requests["r4"].pk)]
     assert [(row["attempt"], row["kind"], row["tool_name"]) for row in r4] == [
-        ("0", "schema-violation", "edit_file"), ("1", "schema-violation", "edit_file"),
-        ("2", "mid-stream-error-chunk", "")]
+        ("1", "schema-violation", "edit_file"), ("2", "schema-violation", "edit_file"),
+        ("3", "mid-stream-error-chunk", "")]  # 1-based, as the timeline numbers them
     assert "fragment" not in rows[0]
 
 

@@ -103,3 +103,38 @@ def test_it_reports_a_spent_retry_budget_once_per_tenant_per_quiet_period() -> N
     found = [i for i in Detector().feed(records) if i["kind"] == "retry-budget"]
     assert [(i["tenant_id"], i["request_id"]) for i in found] == [(7, "r0"), (8, "x"), (7, "late")]
     assert found[0]["detail"] == "50% spent" and found[0]["severity"] == "warning"
+
+
+def test_routing_changes_are_incidents_and_go_to_the_operators_webhook(monkeypatch: Any) -> None:
+    from audit import journal_writer, records
+    from audit.incidents import ROUTING_KINDS
+    from audit.journal import Line
+
+    journaled: list[dict[str, Any]] = []
+    monkeypatch.setattr(records, "_journal_append", journaled.append)
+    records.routing_changed(event="circuit-open", severity="error", tenant_id=3, upstream_id=9,
+                            title="upstream u: the circuit opened", detail="no response within 1 s")
+    records.routing_changed(event="bogus", severity="?", tenant_id=3, upstream_id=9, title="x")
+    found = Detector().feed(journaled)
+    assert [(i["kind"], i["severity"], i["tenant_id"], i["upstream_id"]) for i in found] == [
+        ("circuit-open", "error", 3, 9)]
+    assert found[0]["detail"] == "no response within 1 s" and "circuit-open" in ROUTING_KINDS
+    posted: list[dict[str, Any]] = []
+    monkeypatch.setattr(journal_writer.operator_alert, "post", posted.append)
+    monkeypatch.setattr(journal_writer.incident_feed, "publish", lambda items: len(items))
+    writer = journal_writer.JournalWriter.__new__(journal_writer.JournalWriter)
+    writer._incidents, writer._published = Detector(), 0
+    writer._publish([Line(record, 10 * (n + 1)) for n, record in enumerate(journaled)])
+    assert [p["kind"] for p in posted] == ["circuit-open"]
+
+
+def test_a_money_budget_threshold_is_an_incident() -> None:
+    """Issue 19 item 4: the admission's ``money-budget-threshold`` finding (on the request's start record)."""
+    from audit.incidents import Detector
+
+    record = {"t": "start", "id": "r-money", "req": {"tenant_id": 3, "created": 5.0}, "findings": [
+        {"kind": "money-budget-threshold", "severity": "warning", "action": "ignored",
+         "detail": "the tenant's daily budget passed 80%"}]}
+    (found,) = Detector().feed([record])
+    assert (found["kind"], found["tenant_id"], found["request_id"]) == ("money-budget", 3, "r-money")
+    assert "daily budget" in found["detail"]

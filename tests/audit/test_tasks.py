@@ -12,7 +12,7 @@ from audit.models import Report
 from audit.schema import SUMMARY_SCHEMA
 from audit.tasks import report_enqueue, report_request
 from tests.audit.conftest import PERIOD, AuditRows, Worker, wait_for_report
-from tests.audit.expected import expected_figures, without_generated_at
+from tests.audit.expected import expected_report_figures, without_generated_at
 
 ORDER = {"queued": 0, "running": 1, "done": 2, "failed": 2}
 
@@ -27,7 +27,7 @@ def test_it_builds_a_report_on_a_real_worker_with_the_hand_computed_figures(
     report, seen = wait_for_report(report.pk)
     assert report.status == "done", report.error
     assert report.progress == 100 and report.started <= report.finished
-    assert without_generated_at(report.figures) == expected_figures(audit_rows)
+    assert without_generated_at(report.figures) == expected_report_figures(audit_rows)
     with report.file.open("rb") as stored:
         summary = json.loads(stored.read())
     jsonschema.validate(summary, SUMMARY_SCHEMA)

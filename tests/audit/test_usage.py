@@ -101,7 +101,7 @@ def test_it_exports_the_table_as_safe_csv(usage_rows: AuditRows, viewer_a: User,
     assert "'=cmd|' /C calc'!A0" in by_group
     assert list(rows[0]) == ["group", "requests", "prompt_tokens", "completion_tokens", "wasted_prompt_tokens",
                              "wasted_completion_tokens", "wasted_seconds", "limits_hit", "loops_broken",
-                             "retry_budget_spent"]
+                             "retry_budget_spent", "cost_usd", "wasted_usd", "unpriced"]
 
 
 def test_it_is_for_audit_staff_only(usage_rows: AuditRows, login: Login, world_a: TenantWorld) -> None:

@@ -1,5 +1,5 @@
-"""The fault corpus as the end-to-end tests use it: ../shared/fault-cases (read there, never copied)
-and the project's own ``tests/corpus/D*.json`` (same format; ``tests/corpus/pending`` is not loaded)."""
+"""The fault corpus as the end-to-end tests use it (``tests.fault_corpus``: ../shared/fault-cases when
+present, and the project's own ``tests/corpus/D*.json``, which covers every kind)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-OWN_CASES_DIR = Path(__file__).resolve().parents[1] / "corpus"
-CASES = sorted(CASES_DIR.glob("C*.json")) + sorted(OWN_CASES_DIR.glob("D*.json"))
+from tests.fault_corpus import PATHS as CASES
+from tests.fault_corpus import load
+
 #: The product default: 1 + MAX_RETRIES upstream calls before the exhaustion answer.
 MAX_RETRIES = 2
 
 
 def load_case(path: Path) -> dict[str, Any]:
     """One fixture as a dict."""
-    return json.loads(path.read_text())
+    return load(path)
 
 
 def cases_by_action(*actions: str) -> list[Any]:

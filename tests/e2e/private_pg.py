@@ -6,6 +6,7 @@ port; ``stop`` / ``start`` / ``freeze`` (SIGSTOP of the postmaster and every bac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -55,29 +56,59 @@ class PrivatePostgres:
                         "toolrelay"], check=False, capture_output=True)
 
     def stop(self) -> None:
-        """A fast shutdown (clients see their connections closed)."""
+        """A fast shutdown (clients see their connections closed); a cluster left frozen is thawed first, and one
+        that does not stop within 30 s is killed, so a failed test never leaves a server or a zombie behind."""
         if self.process is not None and self.process.poll() is None:
+            self.thaw(self._pids())
             self.process.send_signal(signal.SIGINT)
-            self.process.wait(30)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
         self.process = None
 
+    def _master(self) -> int | None:
+        try:
+            return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+
+    def _children(self, master: int) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True,  # noqa: S603, S607
+                             check=False).stdout.split()
+        return [int(pid) for pid in out]
+
     def _pids(self) -> list[int]:
-        head = (self.data / "postmaster.pid").read_text().split("\n", 1)[0]
-        master = int(head)
-        children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True,  # noqa: S603, S607
-                                  check=False).stdout.split()
-        return [master, *map(int, children)]
+        master = self._master()
+        return [] if master is None else [master, *self._children(master)]
+
+    @staticmethod
+    def _signal(pids: list[int], sig: signal.Signals) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # a backend that ended since it was listed
+                os.kill(pid, sig)
 
     def freeze(self) -> list[int]:
-        """SIGSTOP every process of the cluster: its kernel keeps accepting and acknowledging, nothing answers."""
-        pids = self._pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        return pids
+        """SIGSTOP every process of the cluster: its kernel keeps accepting and acknowledging, nothing answers.
+
+        The postmaster first, so it forks no backend while its children are listed; a child that exits between
+        the listing and its signal is skipped. Returns the pids stopped, for ``thaw``."""
+        master = self._master()
+        if master is None:
+            raise RuntimeError("the private Postgres is not running")
+        os.kill(master, signal.SIGSTOP)
+        children = self._children(master)
+        try:
+            self._signal(children, signal.SIGSTOP)
+        except BaseException:
+            self._signal([master, *children], signal.SIGCONT)
+            raise
+        return [master, *children]
 
     def thaw(self, pids: list[int]) -> None:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        """SIGCONT ``pids`` (those still alive)."""
+        self._signal(pids, signal.SIGCONT)
 
     def sql(self, query: str) -> list[tuple[object, ...]]:
         """Rows of ``query`` (psql, so the test process holds no connection of its own)."""

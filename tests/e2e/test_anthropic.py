@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -85,6 +86,12 @@ def _post(proxy_server: Any, tenant: Any, body: dict[str, Any], path: str = "/v1
 # -- the corpus -------------------------------------------------------------------------------------
 
 
+def _stop_reason(case: dict[str, Any]) -> str:
+    """Anthropic's stop reason for the case's expected turn: ``tool_use`` with calls, else ``end_turn`` (the
+    field corpus has text-only turns, e.g. D136, D141)."""
+    return "tool_use" if expected_calls(case) else "end_turn"
+
+
 @pytest.mark.parametrize("case", cases_by_action("emit", "emit_after_repair"))
 def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, Any], make_tenant: Any,
                                                                proxy_server: Any, simulator: Any, audit_rows: Any,
@@ -98,7 +105,7 @@ def test_it_delivers_recoverable_cases_through_messages_stream(case: dict[str, A
         request_id = stream.response.headers["x-request-id"]
     assert _tool_uses(message) == expected_calls(case)
     assert _text(message) == case["expected"]["content"]
-    assert message.stop_reason == "tool_use"
+    assert message.stop_reason == _stop_reason(case)
     assert message.usage.output_tokens >= 0
     assert len(upstream_calls(simulator, marker)) == 1
     row = audit_rows(request_id)
@@ -131,7 +138,7 @@ def test_it_delivers_recoverable_cases_as_canonical_events_to_messages_create(ca
             name, partial = calls[event.index]
             calls[event.index] = (name, partial + event.delta.partial_json)
     assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == expected_calls(case)
-    assert events[-2].delta.stop_reason == "tool_use" and events[-2].usage.output_tokens >= 0
+    assert events[-2].delta.stop_reason == _stop_reason(case) and events[-2].usage.output_tokens >= 0
     content, _ = anthropic_content([(e.type, e.to_dict()) for e in events])  # the grammar of PROTOCOLS.md 2.3
     assert [(b["name"], b["input"]) for b in content if b["type"] == "tool_use"] == expected_calls(case)
 
@@ -167,11 +174,38 @@ def test_it_recovers_retry_cases_in_a_non_stream_message(case: dict[str, Any], m
 
 
 @pytest.mark.parametrize("case", cases_by_action("retry"))
-def test_it_answers_exhaustion_with_an_end_turn_message_when_always_broken(case: dict[str, Any],
-                                                                           make_tenant: Any, proxy_server: Any,
-                                                                           simulator: Any,
-                                                                           audit_rows: Any) -> None:
+def test_it_ends_an_always_broken_turn_with_the_terminal_error(case: dict[str, Any], make_tenant: Any,
+                                                               proxy_server: Any, simulator: Any,
+                                                               audit_rows: Any) -> None:
+    """The default exhaustion policy ``fail``: after a content block, ``event: error`` of type
+    ``invalid_request_error`` (anthropic-python raises; Claude Code shows it once, does not retry, and
+    ``claude -p`` exits 1), no ``message_stop`` and no tool_use block."""
     tenant = make_tenant()
+    messages, marker = _messages()
+    raw = httpx.post(f"{proxy_server.url}/v1/messages", timeout=30,
+                     headers={"x-api-key": tenant.api_key, "anthropic-version": "2023-06-01"},
+                     json={"model": f"case:{case['id']}", "max_tokens": 1024, "messages": messages,
+                           "tools": _tools(case), "stream": True})
+    request_id = raw.headers["x-request-id"]
+    events = [line[7:] for line in raw.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and "content_block_start" in events and events[-1] == "error"
+    assert "message_stop" not in events and '"tool_use"' not in raw.text
+    error = json.loads(raw.text.rstrip().splitlines()[-1][6:])["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "[toolrelay]" in error["message"] and request_id in error["message"]
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert audit_rows(request_id).outcome == "exhausted"
+    with _client(proxy_server, tenant) as client, pytest.raises(anthropic.APIError) as caught, \
+            client.messages.stream(model=f"case:{case['id']}", max_tokens=1024, messages=_messages()[0],
+                                   tools=_tools(case)) as stream:
+        stream.get_final_message()
+    assert "[toolrelay]" in str(caught.value)
+
+
+@pytest.mark.parametrize("case", cases_by_action("retry")[:2])
+def test_it_answers_exhaustion_with_an_end_turn_message_when_the_policy_says_so(
+        case: dict[str, Any], make_tenant: Any, proxy_server: Any, simulator: Any, audit_rows: Any) -> None:
+    tenant = make_tenant(exhaustion="message")
     messages, marker = _messages()
     with _client(proxy_server, tenant) as client, client.messages.stream(
             model=f"case:{case['id']}", max_tokens=1024, messages=messages, tools=_tools(case)) as stream:
@@ -337,6 +371,19 @@ def test_it_counts_tokens(make_tenant: Any, proxy_server: Any) -> None:
                                              tools=[WEATHER])
     assert 0 < small.input_tokens < large.input_tokens
     assert 400 <= large.input_tokens <= 1000
+
+
+def test_count_tokens_is_within_five_percent_of_the_families_tokenizer(make_tenant: Any, proxy_server: Any) -> None:
+    """Held-out English text (tests/fixtures/token_counts.json: DeepSeek V4's and Qwen3.6's own counts)
+    through the endpoint, plus the 7 tokens of template framing the estimate adds."""
+    fixture = json.loads((Path(__file__).parents[1] / "fixtures/token_counts.json").read_text(encoding="utf-8"))
+    case = next(c for c in fixture["texts"] if c["name"] == "english-readme")
+    tenant = make_tenant()
+    with _client(proxy_server, tenant) as client:
+        for model, family in (("deepseek-v4-flash", "deepseek"), ("qwen3.6-27b", "qwen3")):
+            got = client.messages.count_tokens(model=model, messages=[{"role": "user", "content": case["text"]}])
+            real = case["counts"][family] + 7
+            assert abs(got.input_tokens - real) <= 0.05 * real, (model, got.input_tokens, real)
 
 
 def test_it_lists_models_in_anthropic_format(make_tenant: Any, proxy_server: Any) -> None:

@@ -16,14 +16,13 @@ import openai
 import pytest
 
 from tests.e2e.corpus import (
-    CASES_DIR,
     MAX_RETRIES,
     cases_by_action,
     expected_calls,
     finding_kinds,
-    load_case,
     upstream_calls,
 )
+from tests.fault_corpus import case as fault_case
 
 
 def _messages() -> tuple[list[dict[str, str]], str]:
@@ -108,9 +107,30 @@ def test_it_recovers_retry_cases_after_a_broken_attempt(case: dict[str, Any], ma
 
 
 @pytest.mark.parametrize("case", cases_by_action("retry"))
-def test_it_answers_exhaustion_when_always_broken(case: dict[str, Any], make_tenant: Any, simulator: Any,
-                                                  audit_rows: Any) -> None:
+def test_it_ends_an_always_broken_turn_with_the_terminal_error(case: dict[str, Any], make_tenant: Any,
+                                                               simulator: Any, audit_rows: Any) -> None:
+    """The default exhaustion policy ``fail``: openai-python raises ``APIError`` on the error chunk (what
+    makes OpenCode and Qwen Code exit 1 headless), carrying toolrelay's message; no tool call reached it."""
     tenant = make_tenant()
+    messages, marker = _messages()
+    calls = []
+    with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
+                                                  tools=case["request_tools"]) as stream:
+        request_id = stream._response.headers["x-request-id"]
+        with pytest.raises(openai.APIError) as caught:
+            for event in stream:
+                calls += [event] if event.type == "tool_calls.function.arguments.done" else []
+    assert not calls
+    assert "[toolrelay]" in caught.value.message and request_id in caught.value.message
+    assert isinstance(caught.value.body, dict) and caught.value.body.get("code") == "upstream_failed"
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert audit_rows(request_id).outcome == "exhausted"
+
+
+@pytest.mark.parametrize("case", cases_by_action("retry")[:2])
+def test_it_answers_exhaustion_with_a_terminal_message_when_the_policy_says_so(
+        case: dict[str, Any], make_tenant: Any, simulator: Any, audit_rows: Any) -> None:
+    tenant = make_tenant(exhaustion="message")
     messages, marker = _messages()
     with _client(tenant) as client, client.chat.completions.stream(model=f"case:{case['id']}", messages=messages,
                                                   tools=case["request_tools"]) as stream:
@@ -152,7 +172,7 @@ def test_it_names_the_tool_a_finding_is_about(case_id: str, make_tenant: Any, au
                                              django_db_blocker: Any) -> None:
     from audit.models import Finding
 
-    case = load_case(CASES_DIR / f"{case_id}.json")
+    case = fault_case(case_id)
     tenant = make_tenant()
     messages, _ = _messages()
     with _client(tenant) as client, client.chat.completions.stream(

@@ -8,15 +8,15 @@ import json
 import re
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fault-cases"
-WEATHER_TOOL = json.loads((CASES_DIR / "C01.json").read_text())["request_tools"]
+from tests.fault_corpus import case as fault_case
+
+WEATHER_TOOL = fault_case("C01")["request_tools"]
 
 
 def _marker_messages() -> tuple[list[dict[str, str]], str]:
@@ -35,7 +35,7 @@ def _post(tenant: Any, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
 
 def test_it_passes_tool_less_streams_through_byte_for_byte(make_tenant: Any, audit_rows: Any) -> None:
     tenant = make_tenant()
-    case = json.loads((CASES_DIR / "C40.json").read_text())
+    case = fault_case("C40")
     messages, _ = _marker_messages()
     response = _post(tenant, {"model": "case:C40", "messages": messages, "stream": True})
     assert response.status_code == 200
@@ -85,7 +85,9 @@ def test_it_closes_the_upstream_promptly_when_the_client_leaves(tools: Any, make
         closed = records[0].get("client_closed_at") if records else None
         time.sleep(0.02)
     assert closed is not None, "the upstream connection was closed"
-    assert closed - left_at <= 0.5
+    # The upstream would stream for 20 s more; closing within 2 s shows the proxy stopped reading when the
+    # client left (a loaded 2-core CI box once paused the proxy 0.63 s here, against 2 ms unloaded).
+    assert closed - left_at <= 2.0
     assert audit_rows(request_id).outcome == "client-cancelled"
 
 
@@ -96,7 +98,7 @@ def test_it_retries_429_honouring_retry_after_then_fails_cleanly(make_tenant: An
     started = time.monotonic()
     response = _post(tenant, {"model": "http:429:retry-after=0.3", "messages": messages, "stream": True,
                               "tools": WEATHER_TOOL})
-    assert response.status_code == 429
+    assert (response.status_code, response.reason_phrase) == (429, "Too Many Requests"), "not 'Unknown Status'"
     assert response.headers["x-should-retry"] == "true", "a rate limit is worth retrying later"
     assert response.headers["retry-after"] == "1", "the upstream's Retry-After (0.3 s) reaches the client"
     assert response.headers["x-request-id"] in response.json()["error"]["message"]

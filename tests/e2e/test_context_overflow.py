@@ -3,7 +3,8 @@
 The simulator answers as vLLM does when the prompt alone overflows the window
 (``refuse=vllm-context/50``: no output budget can fit it, so toolrelay's clamp cannot help): Claude Code's
 SDK gets Anthropic's own ``invalid_request_error`` "prompt is too long: P tokens > L maximum" (what it
-compacts on), OpenAI and Responses clients the code ``context_length_exceeded``.
+compacts on), OpenAI and Responses clients the code ``context_length_exceeded`` (a streaming Responses
+client in ``response.failed``, the only place Codex reads it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ def test_openai_clients_get_the_context_length_exceeded_code(make_tenant: Any, s
             client.chat.completions.create(model=OVERFLOW, messages=[{"role": "user", "content": LONG}],
                                            tools=[TOOL], stream=stream)  # type: ignore[call-overload]
         assert caught.value.code == "context_length_exceeded"
-        with pytest.raises(openai.BadRequestError) as responses:
-            client.responses.create(model=OVERFLOW, input=LONG, stream=stream)  # type: ignore[call-overload]
-        assert responses.value.code == "context_length_exceeded"
+        if not stream:
+            with pytest.raises(openai.BadRequestError) as responses:
+                client.responses.create(model=OVERFLOW, input=LONG)
+            assert responses.value.code == "context_length_exceeded"
+            return
+        # Codex reads the overflow only from response.failed (codex-rs/codex-api/src/sse/responses.rs)
+        with client.responses.create(model=OVERFLOW, input=LONG, stream=True) as events:
+            kinds = [(e.type, e) for e in events]
+        assert [k for k, _ in kinds] == ["response.created", "response.in_progress", "response.failed"]
+        failed = kinds[-1][1].response  # type: ignore[union-attr]
+        assert failed.status == "failed" and failed.error is not None
+        assert failed.error.code == "context_length_exceeded"
+        assert re.match(r"prompt is too long: \d+ tokens > 50 maximum", failed.error.message)

@@ -23,19 +23,30 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-def _pointed_at_itself(tenant: TenantFixture, proxy_server: ProxyServer, django_db_blocker: Any) -> None:
+def _pointed_at_itself(tenant: TenantFixture, proxy_server: ProxyServer, django_db_blocker: Any,
+                       extra_headers: dict[str, str] | None = None) -> None:
+    from tenants.models import Upstream
     from tenants.services import upstream_upsert
 
     with django_db_blocker.unblock():
-        upstream_upsert(tenant=tenant.tenant, name="default", base_url=proxy_server.v1, credential=tenant.api_key)
+        upstream = upstream_upsert(tenant=tenant.tenant, name="default", base_url=proxy_server.v1,
+                                   credential=tenant.api_key)
+        if extra_headers:  # a row saved before reserved names were refused: written past the validation
+            upstream.set_extra_headers(extra_headers)
+            Upstream.objects.filter(pk=upstream.pk).update(extra_headers_encrypted=upstream.extra_headers_encrypted)
 
 
 @pytest.mark.parametrize("tools", [None, TOOLS])
+@pytest.mark.parametrize("extra_headers", [None, {"x-toolrelay-hops": "0"},
+                                           {"X-Toolrelay-Hops": "0", "Connection": "close"}])
 def test_a_tenant_upstream_pointing_at_toolrelay_ends_at_once(make_tenant: Callable[..., TenantFixture],
                                                               proxy_server: ProxyServer, django_db_blocker: Any,
-                                                              tools: list[dict[str, Any]] | None) -> None:
+                                                              tools: list[dict[str, Any]] | None,
+                                                              extra_headers: dict[str, str] | None) -> None:
+    """Review (issue 24 item 1): a stored extra header ``x-toolrelay-hops: 0`` switched the loop guard off
+    (1,533 requests in 5 s); toolrelay's own headers now go last and reserved stored names are dropped."""
     tenant = make_tenant()
-    _pointed_at_itself(tenant, proxy_server, django_db_blocker)
+    _pointed_at_itself(tenant, proxy_server, django_db_blocker, extra_headers)
     started = time.monotonic()
     extra = {"tools": tools} if tools else {}
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client, \

@@ -15,6 +15,7 @@ import struct
 from typing import Any
 
 import openai
+import pytest
 from django.conf import settings
 from django.test import Client
 
@@ -81,12 +82,13 @@ def test_the_launcher_serves_the_feed_and_streams_an_exhausted_request(
                         origin=proxy_server.url)
     assert socket_.status == 101
     case = next(load_case(p) for p in CASES if load_case(p)["expected"]["action"] == "retry")
-    client = openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0)
-    with client.chat.completions.stream(model=f"case:{case['id']}", tools=case["request_tools"],
+    with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0) as client, \
+            client.chat.completions.stream(model=f"case:{case['id']}", tools=case["request_tools"],
                                         messages=[{"role": "user", "content": "go"}]) as stream:
-        for _ in stream:
-            pass
         request_id = stream._response.headers["x-request-id"]
+        with pytest.raises(openai.APIError, match="toolrelay"):  # the terminal error (exhaustion policy fail)
+            for _ in stream:
+                pass
     try:
         while True:
             opcode, payload = socket_.frame()

@@ -57,6 +57,8 @@ def test_openai_chat_stops_the_fourth_identical_call(make_tenant: Any, audit_row
     messages: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
         for turn in range(1, 5):
+            if turn == 4:
+                break
             if stream:
                 with client.chat.completions.stream(model=LOOP, messages=messages,  # type: ignore[arg-type]
                                                     tools=[TOOL]) as events:  # type: ignore[list-item]
@@ -72,14 +74,28 @@ def test_openai_chat_stops_the_fourth_identical_call(make_tenant: Any, audit_row
                     {"id": call.id, "type": "function", "function": {"name": call.function.name,  # type: ignore
                                                                       "arguments": call.function.arguments}}]})  # type: ignore
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": "ENOENT: no such file"})
-    assert choice.finish_reason == "stop" and not choice.message.tool_calls
-    assert (choice.message.content or "").startswith(STUCK_PREFIX) and "4th time in a row" in choice.message.content
+        # The 4th: the default exhaustion policy ``fail`` ends the turn with the protocol's terminal error
+        # (in-stream error chunk; non-stream HTTP 400 agent_loop_detected), so a headless agent run fails.
+        with pytest.raises(openai.APIError) as caught:
+            if stream:
+                with client.chat.completions.stream(model=LOOP, messages=messages,  # type: ignore[arg-type]
+                                                    tools=[TOOL]) as events:  # type: ignore[list-item]
+                    events.get_final_completion()
+            else:
+                client.chat.completions.create(model=LOOP, messages=messages, tools=[TOOL])  # type: ignore
+    said = caught.value.message
+    assert STUCK_PREFIX in said and "4th time in a row" in said
+    assert said.count("equest id") == 1, said
+    if not stream:
+        assert isinstance(caught.value, openai.BadRequestError)
+        assert caught.value.response.headers["x-should-retry"] == "false"
+        assert isinstance(caught.value.body, dict) and caught.value.body.get("code") == "agent_loop_detected"
     [detail] = _findings(django_db_blocker, tenant, 4)
     assert detail.startswith("repeat:") and "read_file:" in detail
 
 
 def test_a_result_that_changes_is_never_stopped(make_tenant: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     messages: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
         for turn in range(6):
@@ -95,7 +111,7 @@ def test_a_result_that_changes_is_never_stopped(make_tenant: Any) -> None:
 
 def test_anthropic_messages_stop_the_fourth_identical_call(make_tenant: Any, proxy_server: Any, audit_rows: Any,
                                                            django_db_blocker: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     messages: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
     session = {"x-claude-code-session-id": str(uuid.uuid4())}
     with anthropic.Anthropic(base_url=proxy_server.url, api_key=tenant.api_key, max_retries=0, timeout=30,
@@ -117,7 +133,7 @@ def test_anthropic_messages_stop_the_fourth_identical_call(make_tenant: Any, pro
 
 def test_responses_stop_the_fourth_identical_call(make_tenant: Any, audit_rows: Any,
                                                   django_db_blocker: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     items: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30,
                        default_headers={"session_id": str(uuid.uuid4())}) as client:
@@ -138,7 +154,7 @@ def test_responses_stop_the_fourth_identical_call(make_tenant: Any, audit_rows: 
 
 def test_session_state_stops_an_agent_that_sends_only_its_last_step(make_tenant: Any) -> None:
     """The history alone would never show three repeats: the session (Claude Code's header) remembers them."""
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     task = _task()
     headers = {"x-claude-code-session-id": str(uuid.uuid4())}
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30,
@@ -164,7 +180,7 @@ def test_two_processes_share_the_session_state_through_redis(e2e_database_url: s
     neither history nor either process alone sees three repeats; the session state in Redis does."""
     url, _ = private_redis
     env = {"REDIS_URL": url, "LIMITS_KEY_PREFIX": f"e2e:{uuid.uuid4().hex}:", "LIMITS_REDIS_TIMEOUT_SECONDS": "0.5"}
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     task = _task()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -192,7 +208,7 @@ def test_two_processes_share_the_session_state_through_redis(e2e_database_url: s
 def test_the_third_exhausted_turn_in_a_row_is_answered_as_stuck(make_tenant: Any) -> None:
     """The user types "continue" into a turn that keeps failing: toolrelay's exhaustion answers in the history
     count, and the 3rd exhausted turn in a row gets the stuck answer instead."""
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     messages: list[dict[str, Any]] = [{"role": "user", "content": _task()}]
     texts = []
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
@@ -210,7 +226,7 @@ def test_the_third_exhausted_turn_in_a_row_is_answered_as_stuck(make_tenant: Any
 def test_independent_conversations_with_one_opening_never_share_loop_state(make_tenant: Any) -> None:
     """Parallel CI jobs of one task (no session header, the same opening message): each of five first
     turns is exhausted on its own, and none is answered as a loop of the others (issue 23, item 2)."""
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     opening = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": _task()}]
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
         texts = []
@@ -226,7 +242,7 @@ def test_independent_conversations_with_one_opening_never_share_loop_state(make_
 def test_a_conversation_without_a_header_keeps_its_state_through_its_first_turn(make_tenant: Any) -> None:
     """Without a session header the chain is the conversation's first delivered turn: an agent that keeps
     its first turn and sends its latest step (a compacted middle) is still one session."""
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     task = _task()
     with openai.OpenAI(base_url=tenant.base_url, api_key=tenant.api_key, max_retries=0, timeout=30) as client:
         first: list[dict[str, Any]] = []

@@ -22,5 +22,7 @@ def test_a_client_model_string_never_reaches_the_metrics(make_tenant: Callable[.
                                headers={"Authorization": f"Bearer {tenant.api_key}"})
             assert answer.status_code == 200
         text = http.get(f"{proxy_server.url}/metrics").text
-    assert f'tenant="{tenant.tenant.slug}"' in text
+    # By its slug, or as "other" once the shared server has seen LABEL_VALUES_MAX tenants (the label's bound;
+    # earlier tests of the run make tenants of their own on the same server).
+    assert f'tenant="{tenant.tenant.slug}"' in text or 'tenant="other"' in text
     assert model not in text

@@ -49,8 +49,10 @@ def _manage(url: str, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-@pytest.fixture(scope="module")
-def outage(simulator: Any) -> Iterator[Outage]:
+@pytest.fixture(scope="module", params=["process", "thread"])
+def outage(simulator: Any, request: pytest.FixtureRequest) -> Iterator[Outage]:
+    """A private cluster and a server whose journal writer is its child process (``JOURNAL_WRITER=process``,
+    the serving process does no database work for the audit) or a thread of it (``thread``)."""
     # Not pytest's tmp_path: the postgres user must reach the folder (pytest-of-root is private).
     folder = Path(tempfile.mkdtemp(prefix="toolrelay-outage-"))
     pg = PrivatePostgres(folder)
@@ -65,7 +67,8 @@ def outage(simulator: Any) -> Iterator[Outage]:
         # at least 10 retries per 10 minutes) they would get one attempt, so the budget's floor is raised.
         with running_proxy(pg.url, folder / "serve.log", AUTH_CACHE_SECONDS="1", DB_CALL_TIMEOUT_SECONDS="3",
                            DB_CONNECT_TIMEOUT_SECONDS="1", JOURNAL_BATCH_SECONDS="0.05",
-                           JOURNAL_PING_SECONDS="0.5", RETRY_BUDGET_MIN_RETRIES="1000") as server:
+                           JOURNAL_PING_SECONDS="0.5", RETRY_BUDGET_MIN_RETRIES="1000",
+                           JOURNAL_WRITER=request.param) as server:
             yield Outage(pg, server, known, unknown)
     finally:
         pg.stop()
@@ -174,3 +177,70 @@ def test_a_frozen_postgres_slows_nothing_down_and_loses_nothing(outage: Outage) 
     assert state["database"] == "down"
     _drained(outage.server)
     _audited_once(outage.pg, [request_id for request_id, _ in during])
+
+
+def _sockets_to(pid: int, port: int) -> int:
+    """How many TCP sockets process ``pid`` holds open to ``port`` on loopback (its fds against
+    /proc/PID/net/tcp: the kernel's table, so a socket blocked on a frozen peer counts too)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parts = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(parts[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("outage", ["process"], indirect=True)
+def test_with_postgres_frozen_a_cached_key_is_served_by_a_process_that_holds_no_database_connection(
+        outage: Outage) -> None:
+    """The serving process does no database work beside its requests: with the database frozen, requests of a
+    key whose principal is cached complete (before the thaw), while the serving process holds no connection
+    to the database at all; the journal writer, its child process, is the one blocked on it. Any wait for
+    the frozen database would take the 60 s of its bounded calls, past the client's 30 s."""
+    folder = Path(tempfile.mkdtemp(prefix="toolrelay-writer-"))
+    try:
+        with running_proxy(outage.pg.url, folder / "serve.log", JOURNAL_WRITER="process", AUTH_CACHE_SECONDS="600",
+                           DB_CALL_TIMEOUT_SECONDS="60", DB_CONNECT_TIMEOUT_SECONDS="60",
+                           JOURNAL_BATCH_SECONDS="0.05", JOURNAL_PING_SECONDS="0.5",
+                           RETRY_BUDGET_MIN_RETRIES="1000") as server:
+            first = _guarded(server, outage.known)[0]  # the key's principal is cached for 600 s now
+            _drained(server)
+            pids = outage.pg.freeze()
+            try:
+                during = [_guarded(server, outage.known)[0] for _ in range(5)]
+                writers = _children(server.process.pid)
+                blocked = 0
+                deadline = time.monotonic() + 15
+                while not blocked and time.monotonic() < deadline:  # the writer is writing these requests' rows
+                    blocked = sum(_sockets_to(pid, outage.pg.port) for pid in writers)
+                    time.sleep(0.1)
+                serving = _sockets_to(server.process.pid, outage.pg.port)
+            finally:
+                outage.pg.thaw(pids)
+            assert serving == 0, "the serving process holds a connection to the database"
+            assert blocked >= 1, f"no child of the serving process is writing to the database ({writers})"
+            _drained(server)
+            _audited_once(outage.pg, [first, *during])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -157,10 +157,29 @@ def test_it_recovers_retry_cases_in_a_non_stream_response(case: dict[str, Any], 
 
 
 @pytest.mark.parametrize("case", cases_by_action("retry"))
-def test_it_answers_exhaustion_with_a_completed_message_when_always_broken(case: dict[str, Any],
-                                                                           make_tenant: Any, simulator: Any,
-                                                                           audit_rows: Any) -> None:
+def test_it_ends_an_always_broken_turn_with_response_failed(case: dict[str, Any], make_tenant: Any,
+                                                            simulator: Any, audit_rows: Any) -> None:
+    """The default exhaustion policy ``fail``: ``response.failed`` with code ``invalid_prompt`` and
+    toolrelay's message (Codex shows it, does not reconnect, and ``codex exec`` exits 1), no call item."""
     tenant = make_tenant()
+    items, marker = _input()
+    with _client(tenant) as client, client.responses.stream(model=f"case:{case['id']}", input=items,
+                                                           tools=_tools(case)) as stream:
+        events = list(stream)
+        request_id = stream._response.headers["x-request-id"]
+    assert events[-1].type == "response.failed"
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error is not None and failed.error.code == "invalid_prompt"
+    assert "[toolrelay]" in failed.error.message and request_id in failed.error.message
+    assert not [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(upstream_calls(simulator, marker)) == 1 + MAX_RETRIES
+    assert audit_rows(request_id).outcome == "exhausted"
+
+
+@pytest.mark.parametrize("case", cases_by_action("retry")[:2])
+def test_it_answers_exhaustion_with_a_completed_message_when_the_policy_says_so(
+        case: dict[str, Any], make_tenant: Any, simulator: Any, audit_rows: Any) -> None:
+    tenant = make_tenant(exhaustion="message")
     items, marker = _input()
     response, request_id = _stream(tenant, model=f"case:{case['id']}", input=items, tools=_tools(case))
     assert not _calls(response)
@@ -173,14 +192,17 @@ def test_it_answers_exhaustion_with_a_completed_message_when_always_broken(case:
 @pytest.mark.parametrize("case", cases_by_action("error_to_client"))
 def test_it_passes_non_retryable_errors_in_openai_shape(case: dict[str, Any], make_tenant: Any,
                                                         simulator: Any) -> None:
+    """A streamed context overflow reaches a Responses client as ``response.failed`` with the code
+    ``context_length_exceeded``: the only place Codex reads it (codex-rs/codex-api/src/sse/responses.rs)."""
     tenant = make_tenant()
     items, marker = _input()
-    with pytest.raises(openai.APIStatusError) as caught:
-        _stream(tenant, model=f"case:{case['id']}", input=items, tools=_tools(case))
-    error = caught.value
-    assert 400 <= error.status_code < 500
-    assert error.response.headers["x-should-retry"] == "false"
-    assert "context" in str(error.message)
+    with _client(tenant) as client, client.responses.create(model=f"case:{case['id']}", input=items,
+                                                            tools=_tools(case), stream=True) as events:
+        kinds = [(e.type, e) for e in events]
+    assert kinds[-1][0] == "response.failed"
+    failed = kinds[-1][1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "context_length_exceeded"
     assert len(upstream_calls(simulator, marker)) == 1
 
 

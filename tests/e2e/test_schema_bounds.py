@@ -80,7 +80,7 @@ def lenient(e2e_database_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_the_hostile_schema_gets_a_400_at_once_and_the_probe_never_waits(proxy_server: ProxyServer,
                                                                          make_tenant: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     with Probe(proxy_server.url) as probe, _client(tenant.base_url, tenant.api_key) as client:
         time.sleep(0.3)
         baseline = probe.worst
@@ -101,7 +101,7 @@ def test_the_hostile_schema_gets_a_400_at_once_and_the_probe_never_waits(proxy_s
 
 
 def test_the_hostile_schema_gets_a_400_in_anthropic_shape(make_tenant: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     client = anthropic.Anthropic(base_url=tenant.base_url.removesuffix("/v1"), api_key=tenant.api_key,
                                  max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -112,7 +112,7 @@ def test_the_hostile_schema_gets_a_400_in_anthropic_shape(make_tenant: Any) -> N
 
 
 def test_a_400000_entry_enum_is_refused_naming_the_enum_bound(make_tenant: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     schema = {"type": "object", "properties": {"a": {"enum": [f"value-{i}" for i in range(400_000)]}}}
     with _client(tenant.base_url, tenant.api_key) as client, pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="gen:calls=1", messages=_messages(), tools=_tools(schema))  # type: ignore[call-overload]
@@ -122,7 +122,7 @@ def test_a_400000_entry_enum_is_refused_naming_the_enum_bound(make_tenant: Any) 
 @pytest.mark.parametrize("agent", AGENTS)
 def test_real_agent_tool_sets_pass_with_the_default_bounds(agent: str, make_tenant: Any) -> None:
     tools = json.loads((FIXTURES / f"{agent}.json").read_text())["tools"]
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     with _client(tenant.base_url, tenant.api_key) as client, client.chat.completions.stream(
             model="gen:calls=1", messages=_messages(),
             tools=[{"type": "function", "function": t} for t in tools]) as stream:  # type: ignore[misc]
@@ -139,7 +139,7 @@ def test_a_validation_past_its_deadline_is_killed_retried_and_recorded(lenient: 
     0.5 s in the pool; the attempts run out and the client gets the exhaustion answer; /healthz never waits."""
     from audit.models import Finding
 
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     with Probe(lenient.url) as probe, _client(lenient.v1, tenant.api_key) as client:
         time.sleep(0.3)
         started = time.monotonic()
@@ -167,7 +167,7 @@ def _big(properties: int, **extra: Any) -> dict[str, Any]:
 
 def test_a_large_new_schema_is_checked_off_the_loop_and_served(make_tenant: Any) -> None:
     schema = _big(1_500, **{"$schema": "http://json-schema.org/draft-07/schema#", "required": ["p0"]})
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     with _client(tenant.base_url, tenant.api_key) as client, client.chat.completions.stream(
             model="gen:calls=1", messages=_messages(), tools=_tools(schema)) as stream:  # type: ignore[arg-type]
         final = stream.get_final_completion()
@@ -177,7 +177,7 @@ def test_a_large_new_schema_is_checked_off_the_loop_and_served(make_tenant: Any)
 
 def test_a_schema_too_slow_to_check_gets_a_400_and_the_probe_never_waits(lenient: ProxyServer,
                                                                           make_tenant: Any) -> None:
-    tenant = make_tenant()
+    tenant = make_tenant(exhaustion="message")
     with Probe(lenient.url) as probe, _client(lenient.v1, tenant.api_key) as client:
         time.sleep(0.3)
         with pytest.raises(openai.BadRequestError) as caught:

@@ -62,12 +62,15 @@ def _row(django_db_blocker: Any, request_id: str, *, timeout: float = 15.0) -> A
     raise AssertionError(f"no final audit row for {request_id}")
 
 
-def test_sigterm_stops_accepting_and_lets_an_open_stream_finish(make_tenant: Any, e2e_database_url: str,
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_sigterm_stops_accepting_and_lets_an_open_stream_finish(writer: str, make_tenant: Any, e2e_database_url: str,
                                                                 tmp_path: Path, django_db_blocker: Any) -> None:
     """SIGTERM mid-stream: new connections are refused at once, the open stream ends normally, the process
-    exits 0 soon after, and the request's audit row is written (the journal is flushed at exit)."""
+    exits 0 soon after, and the request's audit row is written (the journal is flushed at exit; with the writer
+    its own process, that process's last drain writes it)."""
     tenant = make_tenant()
-    with running_proxy(e2e_database_url, tmp_path / "a.log", SHUTDOWN_GRACE_SECONDS="10") as server:
+    with running_proxy(e2e_database_url, tmp_path / "a.log", SHUTDOWN_GRACE_SECONDS="10",
+                       JOURNAL_WRITER=writer) as server:
         out: dict[str, Any] = {}
         started = threading.Event()
         reader = threading.Thread(target=_stream, args=(server.url, tenant.api_key, out, started))
@@ -82,14 +85,16 @@ def test_sigterm_stops_accepting_and_lets_an_open_stream_finish(make_tenant: Any
     assert _row(django_db_blocker, out["request_id"]).outcome == "clean"
 
 
-def test_a_killed_process_leaves_its_open_request_interrupted_not_pending(make_tenant: Any, e2e_database_url: str,
-                                                                          tmp_path: Path,
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_killed_process_leaves_its_open_request_interrupted_not_pending(writer: str, make_tenant: Any,
+                                                                          e2e_database_url: str, tmp_path: Path,
                                                                           django_db_blocker: Any) -> None:
-    """``kill -9`` in a request's first attempt: the next process on the same journal folder drains the dead
-    one's journal and the request becomes ``interrupted`` (a final state), with its start on record."""
+    """``kill -9`` in a request's first attempt: the next process on the same journal folder (or, with the
+    writer its own process, that process at once) drains the dead one's journal and the request becomes
+    ``interrupted`` (a final state), with its start on record."""
     tenant = make_tenant()
     out: dict[str, Any] = {}
-    with running_proxy(e2e_database_url, tmp_path / "a.log") as first:
+    with running_proxy(e2e_database_url, tmp_path / "a.log", JOURNAL_WRITER=writer) as first:
         started = threading.Event()
         reader = threading.Thread(target=_stream, args=(first.url, tenant.api_key, out, started))
         reader.start()
@@ -97,7 +102,7 @@ def test_a_killed_process_leaves_its_open_request_interrupted_not_pending(make_t
         first.process.kill()
         reader.join(10)
     assert out.get("request_id")
-    with running_proxy(e2e_database_url, tmp_path / "b.log"):
+    with running_proxy(e2e_database_url, tmp_path / "b.log", JOURNAL_WRITER=writer):
         row = _row(django_db_blocker, out["request_id"])
     assert row.outcome == "interrupted" and row.model == SLOW
 
@@ -121,3 +126,44 @@ def test_a_stream_longer_than_the_grace_period_is_cut_and_interrupted(grace: str
     assert not out.get("body", b"").endswith(b"data: [DONE]\n\n")
     with running_proxy(e2e_database_url, tmp_path / "b.log"):
         assert _row(django_db_blocker, out["request_id"]).outcome == "interrupted"
+
+
+def _writer_children(pid: int) -> list[int]:
+    """The journal writer children of process ``pid`` (from /proc: their parent and command line)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if parent == pid and b"journal_writer" in argv:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_journal_writer_process_is_restarted_when_it_dies(make_tenant: Any, e2e_database_url: str,
+                                                            tmp_path: Path, django_db_blocker: Any) -> None:
+    """``JOURNAL_WRITER=process``: serve's child writer killed (``kill -9``) is started again, and the requests
+    served meanwhile and after reach the database; serve itself keeps serving throughout."""
+    tenant = make_tenant()
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {tenant.api_key}"}
+    with running_proxy(e2e_database_url, tmp_path / "a.log", JOURNAL_WRITER="process") as server:
+        deadline = time.monotonic() + 15
+        while not (first := _writer_children(server.process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(first) == 1, "serve started one writer process"
+        os.kill(first[0], signal.SIGKILL)
+        ids = []
+        for _ in range(3):
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+            assert response.status_code == 200
+            ids.append(response.headers["x-request-id"])
+        deadline = time.monotonic() + 15
+        while not (second := [p for p in _writer_children(server.process.pid) if p not in first]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(second) == 1, "a new writer process replaced the killed one"
+        rows = [_row(django_db_blocker, request_id) for request_id in ids]
+    assert {row.outcome for row in rows} == {"clean"}

@@ -22,7 +22,7 @@ from proxy.edge.response import ClientResponse
 from proxy.edge.server.backpressure import Backpressure
 from proxy.edge.server.compat import UnsupportedServer, check_supported, parse_version
 from proxy.edge.server.listen import endpoint_strings
-from proxy.edge.server.protocol import too_large_response
+from proxy.edge.server.protocol import reason_phrase, too_large_response
 from proxy.guard.checks.request import prepare
 from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
 from proxy.relay.loop import Relay, RelayCall, drain_background
@@ -155,7 +155,12 @@ async def test_the_relay_reads_no_further_upstream_while_the_client_is_not_writa
     assert b"w5" in b"".join(sent)
 
 
-# ----- the 413, endpoints, versions -----
+# ----- the 413, reason phrases, endpoints, versions -----
+
+def test_status_lines_carry_the_rfc_reason_phrase_twisted_lacks() -> None:
+    assert reason_phrase(429) == b"Too Many Requests" and reason_phrase(422) == b"Unprocessable Entity"
+    assert reason_phrase(200) == b"OK" and reason_phrase(599) == b"Unknown Status"
+
 
 def test_the_413_is_a_complete_response_in_the_clients_protocol() -> None:
     for path, shape in ((b"/v1/chat/completions", "openai"), (b"/v1/messages?beta=true", "anthropic")):

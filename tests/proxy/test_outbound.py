@@ -50,6 +50,7 @@ REVIEW_FORMS = [
     "http://0x7f.1:{port}/v1", "http://0177.0.0.1:{port}/v1", "http://127.1:{port}/v1", "http://[::]:{port}/v1",
     "http://224.0.0.1:{port}/v1", "http://[64:ff9b::7f00:1]:{port}/v1", "http://[2002:7f00:1::]:{port}/v1",
     "http://[fe80::1%25eth0]:{port}/v1",
+    "http://[::ffff:0:127.0.0.1]:{port}/v1",  # SIIT, issue 24 item 12: the review's one gap in 134 tries
 ]
 LOOPBACK = ["127.0.0.0/8"]
 

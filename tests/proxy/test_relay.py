@@ -23,6 +23,7 @@ from audit.models import ProxyRequest
 from proxy.edge.protocols import OPENAI_CHAT
 from proxy.edge.response import ClientResponse
 from proxy.guard.checks.request import prepare
+from proxy.guard.policy import Exhaustion
 from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
 from proxy.relay.loop import Relay, RelayCall, drain_background
 from proxy.upstreams.client import UpstreamClient
@@ -73,6 +74,18 @@ class Recorder:
     @property
     def body(self) -> bytes:
         return b"".join(self.parts)
+
+    def said(self) -> str:
+        """The text and the in-stream error messages, in order: what the client was told."""
+        out = ""
+        for line in self.body.split(b"\n"):
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if isinstance(chunk.get("error"), dict):
+                    out += chunk["error"].get("message") or ""
+                for choice in chunk.get("choices", []):
+                    out += choice.get("delta", {}).get("content") or ""
+        return out
 
     def text(self) -> str:
         out = ""
@@ -242,8 +255,22 @@ async def test_it_closes_the_upstream_when_the_client_goes_away(make_request: An
     assert row.outcome == "client-cancelled"
 
 
-async def test_it_answers_exhaustion_in_stream_after_the_commit(make_request: Any) -> None:
+async def test_by_default_exhaustion_after_the_commit_is_the_terminal_error(make_request: Any) -> None:
+    """Policy ``fail`` (the default): the streamed text stays, then the error chunk agents do not retry,
+    no ``finish_reason`` and no ``[DONE]`` (so no client reads the turn as a success)."""
     request = make_request(max_retries=1)
+    broken = [(0, TEXT("Working on it")), (0, BROKEN)]
+    recorder, response = await run(request, upstream(broken, broken))
+    assert recorder.status == 200
+    assert recorder.text() == "Working on it"
+    error = json.loads(recorder.body.rstrip().rsplit(b"\n", 1)[-1][6:])["error"]
+    assert error["code"] == "upstream_failed" and "No tool was run" in error["message"]
+    assert recorder.tool_names() == []
+    assert b'"finish_reason"' not in recorder.body and not recorder.body.endswith(DONE)
+
+
+async def test_it_answers_exhaustion_in_stream_after_the_commit(make_request: Any) -> None:
+    request = make_request(max_retries=1, exhaustion=Exhaustion.MESSAGE)
     broken = [(0, TEXT("Working on it")), (0, BROKEN)]
     recorder, response = await run(request, upstream(broken, broken))
     assert recorder.status == 200

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from audit.models import Attempt, ProxyRequest
 from proxy.guard.checks.request import prepare
+from proxy.guard.policy import Exhaustion
 from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
 from proxy.relay.loop import RelayCall
 from tenants.auth import principal_for_key
@@ -146,13 +147,23 @@ async def test_the_request_page_shows_the_turn_a_guarded_request_delivered(route
 async def test_the_request_page_shows_the_exhaustion_answer(routed: Any) -> None:
     """Retries ran out after the commit: the terminal assistant message is what the page shows."""
     broken = [(0, TEXT("Working on it")), (0, BROKEN)]
-    _, response = await run(routed(max_retries=1), upstream(broken, broken))
+    _, response = await run(routed(max_retries=1, exhaustion=Exhaustion.MESSAGE), upstream(broken, broken))
     row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
     assert row.outcome == "exhausted"
     assert row.delivered is not None and row.delivered["kind"] == "exhausted"
     assert "No tool was run" in row.delivered["message"]
     page = await _page(response.request_id)
     assert "Retries ran out; the client got a terminal assistant message" in page
+
+
+async def test_the_request_page_shows_the_terminal_error_by_default(routed: Any) -> None:
+    """The default ``fail`` policy: the page says the client got an in-stream error, with its message."""
+    broken = [(0, TEXT("Working on it")), (0, BROKEN)]
+    _, response = await run(routed(max_retries=1), upstream(broken, broken))
+    row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
+    assert row.outcome == "exhausted" and row.delivered is not None and row.delivered["as_error"] is True
+    assert "No tool was run" in row.delivered["message"]
+    assert "Retries ran out; the client got an in-stream error" in await _page(response.request_id)
 
 
 async def test_the_request_page_shows_the_error_the_client_got(routed: Any) -> None:
@@ -176,3 +187,47 @@ async def test_pass_through_leaves_delivered_unset(routed: Any) -> None:
     _, response = await run(call, upstream([(0, TEXT("hello")), (0, DONE)]))
     row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
     assert row.path == "pass-through" and row.delivered is None
+
+
+def _usage_chunk(usage: Any) -> bytes:
+    return b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                   "choices": [], "usage": usage}).encode() + b"\n\n"
+
+
+async def test_every_attempt_and_request_carries_its_cost_and_waste(routed: Any) -> None:
+    """Issue 19 items 1 and 3: a broken attempt without usage is estimated and wasted; the delivered one is
+    priced from DeepSeek's cache fields; nonsense usage is a finding, never a count."""
+    from billing import book
+    from billing.cost import Price
+
+    book.reset(book.PriceBook((Price("upstream-model", input=1.0, output=2.0, cache_read=0.1),),
+                              loaded=float("inf")))
+    usage = {"prompt_tokens": 100, "completion_tokens": 10, "prompt_cache_hit_tokens": 80,
+             "prompt_cache_miss_tokens": 20}
+    call = routed()
+    call.prompt_estimate = 40
+    _, response = await run(call, upstream([(0, TEXT("partial")), (0, BROKEN)],
+                                           [(0, CALL), (0, FINISH_CALLS), (0, _usage_chunk(usage)), (0, DONE)]))
+    rows = await sync_to_async(lambda: (ProxyRequest.objects.get(id=response.request_id),
+                                        list(Attempt.objects.filter(request_id=response.request_id))))()
+    request, (broken, good) = rows
+    assert broken.usage_estimated and broken.prompt_tokens == 40 and float(broken.cost_usd) > 0
+    assert not good.usage_estimated and (good.prompt_tokens, good.cache_read_tokens) == (100, 80)
+    assert float(good.cost_usd) == pytest.approx((20 * 1.0 + 80 * 0.1 + 10 * 2.0) / 1e6)
+    assert float(request.delivered_usd) == pytest.approx(float(good.cost_usd))
+    assert float(request.wasted_usd) == pytest.approx(float(broken.cost_usd))
+    assert float(request.cost_usd) == pytest.approx(float(good.cost_usd) + float(broken.cost_usd))
+    assert request.usage_estimated and not request.unpriced and request.cache_read_tokens == 80
+
+    _, bad = await run(routed(), upstream([(0, CALL), (0, FINISH_CALLS),
+                                           (0, _usage_chunk({"prompt_tokens": 10**20, "completion_tokens": -3})),
+                                           (0, DONE)]))
+    attempt = await sync_to_async(lambda: Attempt.objects.get(request_id=bad.request_id))()
+    kinds = await sync_to_async(lambda: list(attempt.findings.values_list("kind", flat=True)))()
+    assert kinds.count("usage-invalid") == 2 and attempt.usage_estimated
+    assert 0 <= attempt.prompt_tokens < 10**9
+
+    book.reset(book.PriceBook((), loaded=float("inf")))  # no price at all: unpriced, never $0
+    _, free = await run(routed(), upstream([(0, CALL), (0, FINISH_CALLS), (0, _usage_chunk(usage)), (0, DONE)]))
+    unpriced = await sync_to_async(lambda: ProxyRequest.objects.get(id=free.request_id))()
+    assert unpriced.unpriced and unpriced.cost_usd == 0

@@ -61,7 +61,7 @@ async def test_past_the_budget_a_broken_answer_gets_one_attempt_and_the_exhausti
     request = make_request(max_retries=2)
     broken = [(0, TEXT("Working")), (0, BROKEN)]
     recorder, response = await run(request, upstream(broken, broken, broken))
-    assert "[toolrelay]" in recorder.text() and "retry budget is spent" in recorder.text()
+    assert "[toolrelay]" in recorder.said() and "retry budget is spent" in recorder.said()
     row = await sync_to_async(ProxyRequest.objects.get)(id=response.request_id)
     assert row.outcome == "exhausted" and row.attempts == 1
     kinds = await sync_to_async(list)(Finding.objects.filter(request_id=row.id).values_list("kind", flat=True))
@@ -87,7 +87,7 @@ async def test_the_third_exhausted_turn_in_a_row_gets_the_stuck_answer(make_requ
     for _ in range(3):
         request = dataclasses.replace(make_request(max_retries=0), session="h:test-session")
         recorder, response = await run(request, upstream(broken))
-        texts.append(recorder.text())
+        texts.append(recorder.said())
     assert all("could not produce a valid answer" in t for t in texts[:2])
     assert texts[2].startswith(STUCK_PREFIX) and "3 turns in a row" in texts[2]
     kinds = await sync_to_async(list)(Finding.objects.filter(request_id=response.request_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from typing import Any
@@ -109,7 +110,33 @@ def test_it_rejects_extra_headers_that_are_not_a_json_object_without_echoing_the
 def _upstream_form(world: TenantWorld) -> dict[str, str]:
     up = world.upstream
     return {"name": up.name, "base_url": up.base_url, "enabled": "on", "connect_timeout": str(up.connect_timeout),
-            "first_byte_timeout": str(up.first_byte_timeout), "idle_timeout": str(up.idle_timeout), "_save": "Save"}
+            "first_byte_timeout": str(up.first_byte_timeout), "idle_timeout": str(up.idle_timeout), "_save": "Save",
+            # the pool keys inline (none changed)
+            "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0"}
+
+
+def test_it_adds_pool_keys_write_only_and_shows_their_state(login: Login, admin_a: User, world_a: TenantWorld) -> None:
+    """Pool keys typed in the admin are stored once, encrypted, never rendered; the page shows each key's state
+    and the circuit (from the shared state), and a pool key blocks a host change until removed."""
+    from infra.routing_health import KeyState, key_name
+    from infra.shared_state import get_state
+    from tenants.models import UpstreamCredential
+
+    client = login(admin_a)
+    change = _url("upstream", "change", world_a.upstream.pk)
+    typed = "sk-pool-typed-in-admin-77aa\nsk-pool-typed-in-admin-88bb\nsk-pool-typed-in-admin-77aa"
+    response = client.post(change, {**_upstream_form(world_a), "new_pool_keys": typed}, follow=True)
+    assert response.status_code == 200
+    rows = list(UpstreamCredential.objects.filter(upstream=world_a.upstream).order_by("pk"))
+    assert [r.hint for r in rows] == ["sk-…77aa", "sk-…88bb"]
+    asyncio.run(get_state().remember(key_name(world_a.upstream.pk, rows[1].key_id),
+                                     KeyState(until=4e9, failed_at=1.0).dumps(), 60))
+    html = _html(client, change)
+    assert "sk-pool-typed-in-admin" not in html and "sk-…77aa" in html
+    assert "circuit: <b>closed</b>" in html and "<b>cooling</b> until 2096" in html
+    moved = client.post(change, {**_upstream_form(world_a), "base_url": "https://elsewhere.example/v1",
+                                 "new_credential": "sk-new-host-1234", "clear_extra_headers": "on"})
+    assert "delete the pool keys first" in moved.content.decode()
 
 
 # ----- a new key, once -----
@@ -292,13 +319,13 @@ def test_policy_fields_say_what_inherit_means(model: str, tenant_default: bool, 
     pk = world_a.tenant.pk if model == "tenant" else world_a.route.pk
     html = _html(login(admin_a), _url(model, "change", pk))
     assert "Unknown" not in html and ">null<" not in html and 'value="null"' not in html
-    assert "inherit (default: yes)" in html and "inherit (default: all 7 repairs)" in html
-    assert "inherit (default: message)" in html and "inherit (default: offending)" in html
+    assert "inherit (default: yes)" in html and "inherit (default: all 8 repairs)" in html
+    assert "inherit (default: fail)" in html and "inherit (default: offending)" in html
     if not tenant_default:
         assert 'placeholder="inherit (default: 5)"' in html and "inherit (default: no)" in html
     view = _html(login(viewer_a), _url(model, "change", pk))
     assert "Unknown" not in view and "null" not in view.split('id="content"', 1)[1].split("</form>", 1)[0]
-    assert "inherit (default: all 7 repairs)" in view
+    assert "inherit (default: all 8 repairs)" in view
 
 
 def test_policy_fields_save_inherit_and_explicit_values(login: Login, superuser: User, world_a: TenantWorld) -> None:

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
+from django.utils import timezone
 
 from tenants.auth import principal_for_key
 from tenants.models import ApiKey, ModelRoute, Tenant, Upstream
@@ -64,7 +65,43 @@ def test_it_prints_a_key_and_the_urls_for_people() -> None:
     assert "sk-deepseek-1111" not in output and "sk-…1111" in output
 
 
+def test_it_rotates_the_upstream_credential_without_the_url_or_a_new_key() -> None:
+    """A rerun with ``--upstream-key`` alone: the credential changes, the URL and the keys stay."""
+    first = json.loads(_provision("--upstream-key", "sk-deepseek-1111", "--json"))
+    output = _run("provision", "--tenant", "Acme", "--upstream-key", "sk-deepseek-2222")
+    tenant = Tenant.objects.get()
+    assert tenant.default_upstream is not None and tenant.default_upstream.credential() == "sk-deepseek-2222"
+    assert tenant.default_upstream.base_url == "https://api.deepseek.com/v1"
+    assert "No new API key" in output and not RAW_KEY.search(output) and "sk-…2222" in output
+    assert list(ApiKey.objects.values_list("name", flat=True)) == ["provisioned"]
+    assert principal_for_key(first["api_key"]) is not None
+
+
+def test_it_makes_another_key_only_when_asked_with_a_distinct_name() -> None:
+    """Reruns make no key; ``--new-key`` makes one named apart from the others (``--key-name`` to choose)."""
+    _provision()
+    rerun = json.loads(_provision("--route", "gpt-4o=deepseek-chat", "--json"))
+    assert rerun["api_key"] is None and ApiKey.objects.count() == 1
+    second = json.loads(_provision("--new-key", "--json"))
+    third = _provision("--new-key")
+    _provision("--new-key", "--key-name", "ci-bot")
+    assert principal_for_key(second["api_key"]) is not None and "'provisioned-3'" in third and RAW_KEY.search(third)
+    names = sorted(ApiKey.objects.values_list("name", flat=True))
+    assert names == ["ci-bot", "provisioned", "provisioned-2", "provisioned-3"]
+
+
+def test_a_tenant_whose_keys_are_all_revoked_gets_a_new_one() -> None:
+    _provision()
+    ApiKey.objects.update(revoked_at=timezone.now())
+    payload = json.loads(_provision("--json"))
+    assert principal_for_key(payload["api_key"]) is not None
+    assert ApiKey.objects.get(revoked_at=None).name == "provisioned-2"
+
+
 @pytest.mark.parametrize("args, message", [
+    ((), "has no upstream yet"),
+    (("--upstream-url", "https://api.x.test/v1", "--key-name", " "), "--key-name"),
+    (("--upstream-url", "https://api.x.test/v1", "--key-name", "k" * 91), "--key-name"),
     (("--upstream-url", "not a url"), "invalid upstream"),
     (("--upstream-url", "https://api.x.test/v1", "--route", "=model"), "PUBLIC=UPSTREAM_MODEL"),
 ])

@@ -40,12 +40,49 @@ def test_it_sets_and_shows_limits_by_tenant_name_or_slug(world_a: TenantWorld) -
     prefix = f"tr-{world_a.api_key.prefix}"
     out = _run("limits", "set", "--tenant", "tenant-a", "--key", prefix, "--rpm", "10", "--concurrency", "2")
     assert out.startswith(f"Limits of key {prefix}: rpm=10, tpm=none, concurrency=2")
+    money = {"daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None}
     assert _show("tenant-a") == {
         "tenant": "Tenant A",
-        "limits": {"rpm": 100, "tpm": 50000, "concurrency": None, "daily_tokens": 0, "monthly_tokens": None},
+        "limits": {"rpm": 100, "tpm": 50000, "concurrency": None, "daily_tokens": 0, "monthly_tokens": None,
+                   **money},
         "keys": [{"key": prefix, "limits": {"rpm": 10, "tpm": None, "concurrency": 2, "daily_tokens": None,
-                                            "monthly_tokens": None}}],
+                                            "monthly_tokens": None, **money}}],
+        "members": [],
     }
+
+
+def test_money_budgets_on_tenant_key_and_member(world_a: TenantWorld) -> None:
+    from django.contrib.auth.models import User
+
+    from tenants.models import Membership
+
+    user = User.objects.create_user("dev1")
+    Membership.objects.create(user=user, tenant=world_a.tenant)
+    _run("limits", "set", "--tenant", "tenant-a", "--daily-usd", "10", "--weekly-usd", "50", "--monthly-usd", "150")
+    prefix = f"tr-{world_a.api_key.prefix}"
+    _run("limits", "set", "--tenant", "tenant-a", "--key", prefix, "--daily-usd", "2.5")
+    out = _run("limits", "set", "--tenant", "tenant-a", "--member", "dev1", "--daily-usd", "1", "--monthly-usd", "20")
+    assert out.startswith("Limits of member dev1: rpm=none")
+    assert "daily_usd=1.0, weekly_usd=none, monthly_usd=20.0, money_soft_percent=none" in out
+    assert "money_soft_percent=90" in _run("limits", "set", "--tenant", "tenant-a", "--soft-percent", "90")
+    assert _show("tenant-a")["limits"]["money_soft_percent"] == 90
+    for bad in ("0", "101", "half"):
+        with pytest.raises(CommandError):
+            _run("limits", "set", "--tenant", "tenant-a", "--soft-percent", bad)
+    _run("limits", "set", "--tenant", "tenant-a", "--money-soft-percent", "none")
+    shown = _show("tenant-a")
+    assert shown["limits"]["daily_usd"] == 10.0 and shown["limits"]["weekly_usd"] == 50.0
+    assert shown["keys"][0]["limits"]["daily_usd"] == 2.5
+    assert shown["members"] == [{"member": "dev1", "limits": {"rpm": None, "tpm": None, "concurrency": None,
+                                                              "daily_tokens": None, "monthly_tokens": None,
+                                                              "daily_usd": 1.0, "weekly_usd": None,
+                                                              "monthly_usd": 20.0, "money_soft_percent": None}}]
+    with pytest.raises(CommandError, match="(?i)above the tenant"):
+        _run("limits", "set", "--tenant", "tenant-a", "--member", "dev1", "--daily-usd", "11")
+    with pytest.raises(CommandError, match="not a member"):
+        _run("limits", "set", "--tenant", "tenant-a", "--member", "nobody", "--daily-usd", "1")
+    _run("limits", "set", "--tenant", "tenant-a", "--daily-usd", "none")
+    assert _show("tenant-a")["limits"]["daily_usd"] is None
 
 
 def test_none_removes_a_limit_and_other_limits_stay(world_a: TenantWorld) -> None:

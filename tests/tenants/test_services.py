@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from cryptography.fernet import Fernet
+from django.core.exceptions import ValidationError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -90,6 +91,18 @@ def test_it_provisions_idempotently(db: None) -> None:
     assert routes == {"gpt-4o": "deepseek-reasoner", "claude-*": "deepseek-chat"}
     assert second.upstream.credential() == "sk-one-1111"
     assert second.raw_key != first.raw_key and ApiKey.objects.count() == 2
+    assert sorted(ApiKey.objects.values_list("name", flat=True)) == ["provisioned", "provisioned-2"]
+
+
+def test_it_provisions_a_key_only_for_a_tenant_without_one_when_asked_to_decide(db: None) -> None:
+    """``new_key=None``: a key for a new tenant, none for one with a usable key; ``upstream_url`` None keeps it."""
+    first = provision(tenant_name="Acme", upstream_url="https://api.deepseek.com/v1", new_key=None)
+    again = provision(tenant_name="Acme", upstream_url=None, upstream_key="sk-two-2222", new_key=None)
+    assert first.raw_key is not None and again.raw_key is None and again.api_key is None
+    assert again.upstream.base_url == "https://api.deepseek.com/v1" and again.upstream.credential() == "sk-two-2222"
+    with pytest.raises(ValidationError, match="no upstream yet"):
+        provision(tenant_name="Nobody", upstream_url=None)
+    assert not Tenant.objects.filter(name="Nobody").exists()
 
 
 def test_it_rotates_every_secret_to_the_newest_key(db: None) -> None:

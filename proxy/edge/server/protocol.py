@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from daphne.http_protocol import HTTPFactory, WebRequest
@@ -60,6 +61,16 @@ class Limits:
     high_water: int = HIGH_WATER_BYTES
 
 
+def reason_phrase(status: int) -> bytes:
+    """The status line's reason phrase for ``status``: ``http.HTTPStatus``'s (RFC 9110 and the RFCs that
+    added codes, e.g. ``429 Too Many Requests``, which Twisted's table lacks and would write as
+    ``Unknown Status``), else ``Unknown Status`` for a code no RFC names."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b"Unknown Status"
+
+
 def too_large_response(path: bytes, limit: int) -> bytes:
     """The complete HTTP/1.1 413 response (``Connection: close``) to a body over ``limit`` bytes.
 
@@ -75,7 +86,7 @@ def too_large_response(path: bytes, limit: int) -> bytes:
         body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
                           "code": "request_too_large"}}
     data = json.dumps(body).encode()
-    head = (b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-type: application/json\r\n"
+    head = (b"HTTP/1.1 413 " + reason_phrase(413) + b"\r\ncontent-type: application/json\r\n"
             b"x-should-retry: false\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(data))
     return head + data
 
@@ -233,6 +244,10 @@ class LimitedRequest(WebRequest):  # type: ignore[misc]  # Daphne is untyped
             return
         self.registerProducer(self.backpressure, True)
         super().requestReceived(command, path, version)
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:  # noqa: N802  # Twisted's name
+        """Twisted's, with :func:`reason_phrase` when no phrase is given (Daphne never gives one)."""
+        super().setResponseCode(code, reason_phrase(code) if message is None else message)
 
     def finish(self) -> None:
         if self.producer is not None and self.channel is not None:

@@ -31,8 +31,10 @@ class PassCheck:
 
     ``frames``: data events seen; ``usage``: the last usage object; ``done``: ``[DONE]`` seen;
     ``finished``: a non-null ``finish_reason`` seen; ``findings``: what a client would trip on.
-    ``secrets``: toolrelay's credentials for the upstream; an answer that echoes one is a finding (the
-    bytes stay as they are: the pass-through never changes a byte).
+    ``secrets``: toolrelay's credentials for the upstream; an answer that echoes one is a finding and the
+    credential is replaced by ``[redacted]`` in what is forwarded (the one change the pass-through makes
+    to the upstream's bytes: a key reflected by a hostile or buggy upstream never reaches a client, issue 24
+    item 12). Secrets are matched in whole lines, so a credential split across chunks is still caught.
     """
 
     __slots__ = ("max_line", "frames", "usage", "done", "finished", "findings", "_carry", "_open", "_kinds",
@@ -55,23 +57,21 @@ class PassCheck:
         """The bytes of ``chunk`` (after what was held) that end with a line end; the rest is held."""
         data = self._carry + chunk if self._carry else chunk
         cut = data.rfind(b"\n") + 1
-        for secret in self._secrets:
-            if secret in data:
-                self._note(K.CREDENTIAL_REFLECTED, "the upstream's answer contains toolrelay's credential for it "
-                           "(forwarded unchanged: the pass-through is byte-exact)")
         if cut == 0 and len(data) <= self.max_line:
             self._carry = data
             return b""
         if cut == 0:  # a line past the bound: forward it rather than hold it without end
             self._note(K.UNPARSEABLE_DATA_FRAME, "an SSE line longer than the bound was forwarded unchecked")
             self._carry = b""
-            return data
+            return self._redacted(data)
         if cut == len(data):  # the usual chunk: whole lines
             ready, self._carry = data, b""
         else:
             ready, self._carry = data[:cut], data[cut:]
             if len(self._carry) > self.max_line:
                 ready, self._carry = data, b""
+        if self._secrets:
+            ready = self._redacted(ready)
         for line in ready.split(b"\n")[:-1]:
             if not line or line == b"\r":
                 self._open = False
@@ -79,6 +79,15 @@ class PassCheck:
                 self._open = True
                 self._data(line[5:].strip())
         return ready
+
+    def _redacted(self, data: bytes) -> bytes:
+        """``data`` with every credential of ``secrets`` replaced by ``[redacted]`` (and a finding)."""
+        for secret in self._secrets:
+            if secret in data:
+                self._note(K.CREDENTIAL_REFLECTED, "the upstream's answer contained toolrelay's credential for it; "
+                           "it was replaced by [redacted] before it reached the client")
+                data = data.replace(secret, b"[redacted]")
+        return data
 
     def _data(self, data: bytes) -> None:
         # Every pass-through frame comes here (budget: 0.15 ms per 21-frame request, issue 11): one JSON

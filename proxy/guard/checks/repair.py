@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.guard.findings import FindingKind
 from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.reading import PLAIN, Read, Reading, read
 
 #: Chat-template namespaces models prepend to function names (C46: ``functions.run_shell``;
 #: Gemini's ``default_api.``; ``tools.`` / ``tool.`` from Hermes-style templates).
@@ -26,28 +28,54 @@ _KIMI_SUFFIX = re.compile(r":\d+\Z")
 def resolve_name(name: str, names: frozenset[str], policy: GuardPolicy) -> str | None:
     """Map a called ``name`` onto a declared tool name, or None when it is not one.
 
-    Exact match first. Else, when ``Repair.NAME_PREFIX`` is allowed, strip surrounding whitespace,
-    a Kimi ``:<n>`` suffix and one well-known template prefix (``NAME_PREFIXES``); the result is
-    used only if exactly one candidate is declared (C46: ``functions.run_shell`` -> ``run_shell``,
-    ``toolbox.web.answer`` -> None).
+    Exact match first. Else, when ``Repair.NAME_PREFIX`` is allowed, the name readings of
+    ``read_name`` (the reading rule, ``proxy.guard.reading``): the result is used only if exactly one
+    declared tool remains (C46: ``functions.run_shell`` -> ``run_shell``, ``toolbox.web.answer`` -> None).
     """
     if name in names:
         return name
     if not policy.allows(Repair.NAME_PREFIX):
         return None
-    matches = {c for c in _name_candidates(name) if c in names}
-    return matches.pop() if len(matches) == 1 else None
+    chosen = read_name(name, names).chosen
+    return chosen.value if chosen is not None else None
 
 
-def _name_candidates(name: str) -> set[str]:
-    """Every spelling ``name`` may reduce to after the allowed strips (itself excluded)."""
-    bare = _KIMI_SUFFIX.sub("", name.strip())
-    found = {name.strip(), bare}
-    for prefix in NAME_PREFIXES:
-        if bare.startswith(prefix):
-            found.add(bare[len(prefix):])
-    found.discard(name)
-    return found
+#: Template decoration after a name: a special token and what follows (Harmony ``<|channel|>commentary``,
+#: ``<|constrain|>json``, DeepSeek's full-width ``<｜tool▁sep｜>``), from the first ``<``.
+_TOKEN_SUFFIX = re.compile(r"\s*<[|｜].*\Z", re.DOTALL)
+#: Index decoration after a name: Kimi's ``:0``, and the same without its separator (``_0``, ``0``).
+_INDEX_SUFFIXES = (("index suffix :N", _KIMI_SUFFIX), ("index suffix _N", re.compile(r"_\d+\Z")),
+                   ("index suffix N", re.compile(r"(?<=[A-Za-z_])\d+\Z")))
+#: Template prefixes without their separator (Kimi ids ``functions_read_file_0``, ``functionsrun_shell1``).
+_BARE_PREFIXES = ("functions_", "functions")
+#: What a reading that strips a special-token suffix is reported as (the other name readings: C46's kind).
+TOKEN_SUFFIX_READING = "special-token suffix"  # noqa: S105 -- a reading name, not a secret
+
+
+def read_name(name: str, names: frozenset[str]) -> Read[str]:
+    """The name readings of ``name`` (the reading rule, ``proxy.guard.reading``): the plain name, then
+    every combination of at most one special-token suffix cut, one index suffix cut and one template
+    prefix cut (``NAME_PREFIXES``, then the separatorless Kimi prefixes), each valid when declared.
+    Bounded: names longer than 256 characters get the plain reading only."""
+    return read(_name_readings(name), names.__contains__)
+
+
+def _name_readings(name: str) -> Iterator[Reading[str]]:
+    yield Reading(PLAIN, name)
+    if len(name) > 256:
+        return
+    stripped = name.strip()
+    for how_t, t in (("", stripped), (TOKEN_SUFFIX_READING, _TOKEN_SUFFIX.sub("", stripped))):
+        if how_t and t == stripped:
+            continue
+        indexed = [("", t)] + [(h, rx.sub("", t)) for h, rx in _INDEX_SUFFIXES if rx.search(t)]
+        for how_i, i in indexed:
+            prefixed = [("", i)] + [(f"prefix {p}", i[len(p):]) for p in (*NAME_PREFIXES, *_BARE_PREFIXES)
+                                   if i.startswith(p) and len(i) > len(p)]
+            for how_p, value in prefixed:
+                how = ", ".join(h for h in (how_t, how_i, how_p) if h) or "whitespace"
+                if value != name and value:
+                    yield Reading(how, value)
 
 
 #: The finding kind that reports each repair (``proxy.guard.findings``).
@@ -59,6 +87,7 @@ REPAIR_KINDS: dict[Repair, FindingKind] = {
     Repair.NAME_PREFIX: FindingKind.UNDECLARED_OR_PREFIXED_TOOL_NAME,
     Repair.LEAKED_MARKUP: FindingKind.LEAKED_MARKUP_UNPARSEABLE,
     Repair.EXTRA_PARALLEL_CALLS: FindingKind.PARALLEL_TOOL_CALLS_VIOLATION,
+    Repair.MISSING_BRACE: FindingKind.ARGUMENTS_MISSING_BRACE,
 }
 
 #: A leading Markdown fence (```` ``` ````, ```` ```json ````) or the bare ``json`` tag a split fence
@@ -276,16 +305,43 @@ def _branches(schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _unwrap_string(value: str, types: set[str]) -> tuple[Any, bool]:
-    """Parse ``value`` when the schema wants an array/object here and no string is allowed."""
-    wanted = types & {"array", "object"}
-    if not wanted or "string" in types or value.lstrip()[:1] not in ("[", "{"):
+    """Parse ``value`` when the schema wants another JSON type here and no string is allowed.
+
+    An array/object (C20), or a scalar (a number, integer, boolean or null sent as its JSON text, e.g.
+    ``"123"`` for an integer: SGLang's glm parsers, sgl-project/sglang#35564). A scalar is taken only
+    when the string is exactly the JSON text of a value of a wanted type (no surrounding whitespace).
+    """
+    if "string" in types or not types & (set(_SCALARS) | {"array", "object"}):
         return value, False
+    if value.lstrip()[:1] not in ("[", "{"):
+        return _unwrap_scalar(value, types)
     try:
         parsed = _loads(value, strict=True)
     except (ValueError, RecursionError):
         return value, False
     kind = "array" if isinstance(parsed, list) else "object" if isinstance(parsed, dict) else ""
-    return (parsed, True) if kind in wanted else (value, False)
+    return (parsed, True) if kind in types else (value, False)
+
+
+#: A JSON scalar type -> does a parsed value have it (bool is not a number in JSON Schema).
+_SCALARS: dict[str, Any] = {
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float),
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+}
+
+
+def _unwrap_scalar(value: str, types: set[str]) -> tuple[Any, bool]:
+    """``value`` parsed when it is exactly the JSON text of a scalar of one of ``types``."""
+    if not value or len(value) > 64 or value != value.strip():
+        return value, False
+    try:
+        parsed = _loads(value, strict=True)
+    except (ValueError, RecursionError):
+        return value, False
+    ok = any(_SCALARS[t](parsed) for t in types if t in _SCALARS)
+    return (parsed, True) if ok else (value, False)
 
 
 def _unwrap_members(value: dict[str, Any], schema: dict[str, Any], path: str) -> tuple[Any, list[str]]:

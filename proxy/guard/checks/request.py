@@ -70,6 +70,7 @@ def prepare(body: dict[str, Any], raw: bytes | None = None, bounds: SchemaBounds
     declaration can never be satisfied (``proxy.guard.checks.validate.tool_declaration_problem``) or a tool's
     ``parameters`` schema is beyond ``bounds`` (``check_schemas``; default ``SchemaBounds()``)."""
     bounds = bounds or SchemaBounds()
+    check_tool_names(body)
     spec = RequestSpec.from_openai(body)
     problem = tool_declaration_problem(spec)
     if problem is not None:
@@ -164,6 +165,22 @@ def _declared_names(body: dict[str, Any]) -> list[str | None]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         names.append(fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None)
     return names
+
+
+#: The longest declared tool name (OpenAI: "a-z, A-Z, 0-9, underscores and dashes, max length 64",
+#: PROTOCOLS.md 1.1; the providers refuse longer ones), checked on the chat request after translation.
+MAX_TOOL_NAME = 64
+
+
+def check_tool_names(body: dict[str, Any]) -> None:
+    """``RequestInvalid`` (param ``tools[i].function.name``) for a declared function name longer than
+    ``MAX_TOOL_NAME`` characters: the guard reads every declared name per choice and attempt, so their
+    size is bounded before anything else looks at them (issue 24 item 2). The translators shorten
+    longer client names of Anthropic and Responses clients, so there this only holds them to it."""
+    for position, name in enumerate(_declared_names(body)):
+        if name is not None and len(name) > MAX_TOOL_NAME:
+            raise RequestInvalid(f"tool name {name[:40]!r}… is {len(name)} characters long; tool names may have "
+                                 f"at most {MAX_TOOL_NAME}", param=f"tools[{position}].function.name")
 
 
 def check_chat_fields(data: dict[str, Any]) -> None:

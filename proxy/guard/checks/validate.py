@@ -27,7 +27,14 @@ from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
-from proxy.guard.checks.repair import REPAIR_KINDS, parse_arguments, resolve_name, unwrap_double_encoded
+from proxy.guard.checks.repair import (
+    REPAIR_KINDS,
+    TOKEN_SUFFIX_READING,
+    parse_arguments,
+    read_name,
+    resolve_name,
+    unwrap_double_encoded,
+)
 from proxy.guard.checks.schema_bounds import SchemaCost, measure, value_nodes
 from proxy.guard.checks.schema_regex import safe_class, strip_backtracking_keywords
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
@@ -193,8 +200,13 @@ class _Checker:
             self.fatal(FindingKind.UNDECLARED_OR_PREFIXED_TOOL_NAME,
                        f"tool {_quote(name)} is not declared", choice, slot)
         elif resolved != name:
-            self.repaired(Repair.NAME_PREFIX, f"tool {_quote(name)} resolved to {_quote(resolved)}",
-                          choice, slot)
+            reading = read_name(name, self.request.names)
+            detail = reading.detail(f"tool {_quote(name)}") + f", resolved to {_quote(resolved)}"
+            if reading.chosen is not None and TOKEN_SUFFIX_READING in reading.chosen.how:
+                self.findings.append(Finding(FindingKind.TOOL_NAME_SPECIAL_TOKEN_SUFFIX, Severity.WARNING,
+                                             Action.REPAIRED, detail[:_DETAIL_CAP], choice, slot))
+            else:
+                self.repaired(Repair.NAME_PREFIX, detail[:_DETAIL_CAP], choice, slot)
         return resolved
 
     def schema_check(self, name: str, value: dict[str, Any], choice: int, slot: int) -> dict[str, Any] | None:

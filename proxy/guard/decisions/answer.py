@@ -2,7 +2,11 @@
 
 ``answer_for`` is the one rule (ARCHITECTURE.md, "The request, as data", step 6), pure:
 
-- Broken model output (the upstream answered, no usable turn) on a checked request, when the
+- Broken model output (the upstream answered, no usable turn) on a checked streaming request, when
+  the policy's exhaustion answer is ``fail`` (the default): the protocol's terminal error that agents
+  show once and never retry (``TERMINAL``, committed or not), so a headless agent run fails instead
+  of reporting success (issue 23 item 1; the measured table is in docs/clients.md).
+- Broken model output on a checked request, when the
   policy's exhaustion answer is the terminal message: that message, also before the commit
   (non-stream: a 200 JSON turn). Agents do not retry it; the loop goes on.
 - Before the commit otherwise: an HTTP error with ``x-should-retry: false`` (toolrelay already
@@ -60,6 +64,7 @@ class AnswerKind(enum.Enum):
     HTTP_ERROR = "http-error"  # before the commit: status + error body, x-should-retry false
     STREAM_ERROR = "stream-error"  # after the commit: the protocol's in-stream error, ending the stream
     EXHAUSTED = "exhausted"  # the terminal assistant message (stream) or JSON turn (non-stream)
+    TERMINAL = "terminal"  # the protocol's non-retryable in-stream error (``Emitter.close_terminal``)
 
 
 #: Upstream statuses that mean toolrelay's own credential was refused (never the client's key).
@@ -98,7 +103,8 @@ def broken_off(decision: Decision) -> bool:
 
 
 def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bool, policy: GuardPolicy,
-               attempts: int, request_id: str, prompt_tokens: int = 0, budget: int | None = None) -> Answer:
+               attempts: int, request_id: str, prompt_tokens: int = 0, budget: int | None = None,
+               overflow_in_stream: bool = False) -> Answer:
     """The answer for a request whose last attempt ended with ``decision`` after ``attempts`` calls.
 
     ``committed``: the client already has a 200 and stream headers; ``checked``: the answer goes
@@ -107,7 +113,8 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
     id to the response (it appends it to every error); in-stream ones carry it where the client
     would otherwise not see it. An upstream's context-window refusal is said in the words clients
     parse (``proxy.guard.stream.overflow``), with ``prompt_tokens`` (toolrelay's count of the request)
-    and ``budget`` (the request's output budget) where the upstream gave no figures.
+    and ``budget`` (the request's output budget) where the upstream gave no figures; in the stream
+    when the protocol reads it only there (``overflow_in_stream``, ``Emitter.overflow_in_stream``).
     """
     error = decision.error
     if error is not None and not error.retryable:
@@ -122,9 +129,12 @@ def answer_for(decision: Decision, *, committed: bool, stream: bool, checked: bo
                             code="upstream_truncated")
         return _unavailable(cut, committed=committed, attempts=attempts, request_id=request_id,
                             outcome=RequestOutcome.EXHAUSTED)
-    message_ok = checked and retryable and model_failure(decision) and policy.exhaustion == Exhaustion.MESSAGE
+    model_broke = checked and retryable and model_failure(decision)
+    if model_broke and stream and policy.exhaustion == Exhaustion.FAIL:
+        return Answer(AnswerKind.TERMINAL, RequestOutcome.EXHAUSTED, reason)
+    message_ok = model_broke and policy.exhaustion == Exhaustion.MESSAGE
     if not committed and not message_ok:
-        return _http_error(decision, attempts)
+        return _http_error(decision, attempts, overflow_in_stream=stream and overflow_in_stream)
     if error is not None and not error.retryable:
         return Answer(AnswerKind.STREAM_ERROR, RequestOutcome.UPSTREAM_ERROR, error.message, error)
     if stream and policy.exhaustion == Exhaustion.ERROR:
@@ -168,7 +178,7 @@ def _unavailable(error: UpstreamError, *, committed: bool, attempts: int, reques
     return Answer(kind, outcome, error.message, unavailable, retryable=True)
 
 
-def _http_error(decision: Decision, attempts: int) -> Answer:
+def _http_error(decision: Decision, attempts: int, *, overflow_in_stream: bool = False) -> Answer:
     error = decision.error
     if error is not None and error.status in UPSTREAM_AUTH_STATUSES:
         # Not the client's key: the upstream refused toolrelay's credential. A 401 here would send
@@ -178,7 +188,8 @@ def _http_error(decision: Decision, attempts: int) -> Answer:
                              "upstream_error", code="upstream_auth_failed", retryable=False)
         return Answer(AnswerKind.HTTP_ERROR, RequestOutcome.UPSTREAM_ERROR, error.message, auth)
     if error is not None and error.code == OVERFLOW_CODE and error.type == "invalid_request_error":
-        return Answer(AnswerKind.HTTP_ERROR, RequestOutcome.UPSTREAM_ERROR, error.message, error)
+        kind = AnswerKind.STREAM_ERROR if overflow_in_stream else AnswerKind.HTTP_ERROR
+        return Answer(kind, RequestOutcome.UPSTREAM_ERROR, error.message, error)
     if error is not None and not error.retryable:
         passed = UpstreamError(error.status, f"upstream error: {error.message}", error.type, code=error.code,
                                retryable=False)

@@ -39,6 +39,7 @@ from proxy.guard.findings import Action, Finding, FindingKind, Severity, Where, 
 from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.stream.accumulate import AccItem, Accumulator, SlotClosed
 from proxy.guard.stream.markup import MarkupScanner, ScanResult
+from proxy.guard.stream.residue import ResidueHold, end_of_turn
 from proxy.guard.stream.sse import SSEDecoder, SSEEvent
 from proxy.guard.turn import ChoiceTurn, Decision, Outcome, RequestSpec, ToolCall, Turn, UpstreamError
 
@@ -64,6 +65,7 @@ class AttemptGuard:
         self._scanners: dict[tuple[int, Channel], MarkupScanner] = {}
         self._texts: dict[tuple[int, str], list[str]] = {}  # the attempt's text, markup removed
         self._calls: dict[int, list[ToolCall]] = {}
+        self._holds: dict[int, ResidueHold] = {}  # per choice: content that may be markup residue
         self.findings: list[Finding] = []
         self._aborted = False
         self._decision: Decision | None = None
@@ -152,6 +154,22 @@ class AttemptGuard:
         self._verdicts.update(verdicts)
 
     @property
+    def usage(self) -> dict[str, Any] | None:
+        """The last usage object the upstream sent so far (raw; ``read_usage`` bounds it), or None."""
+        return self._acc.usage
+
+    @property
+    def calls_started(self) -> bool:
+        """True once any choice has a tool-call slot (a call begun, complete or not)."""
+        return any(choice.slots for choice in self._acc.choices.values())
+
+    @property
+    def unfinished(self) -> bool:
+        """True when the stream so far has neither ``[DONE]`` nor a finish reason on any choice (a stream
+        that ends here was cut, whatever its last frame held)."""
+        return not self._acc.done and not any(choice.finishes for choice in self._acc.choices.values())
+
+    @property
     def frames(self) -> int:
         """The number of SSE events read so far."""
         return self._acc.frames
@@ -213,8 +231,39 @@ class AttemptGuard:
     def _release(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
         if not text:
             return
+        if self._markup and channel == "content":
+            hold = self._holds.get(choice)
+            if hold is None:
+                hold = self._holds[choice] = ResidueHold()
+            text = hold.feed(text)
+            if not text:
+                return
+        self._put(choice, channel, text, out)
+
+    def _put(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
         self._texts.setdefault((choice, channel), []).append(text)
         out.append(TextDelta(choice, channel, text))
+
+    def _settle_residue(self, out: list[Event]) -> None:
+        """The text reading (``proxy.guard.stream.residue``): a held run of markup is stripped when its
+        choice has calls (structured or recovered), or when it is only end-of-turn tokens
+        (``residue.end_of_turn``), and the policy allows leaked-markup repairs; else it is content after
+        all, released as it came."""
+        for choice, hold in self._holds.items():
+            held, residue = hold.held, hold.residue()
+            hold.held = ""
+            if not held:
+                continue
+            acc = self._acc.choices.get(choice)
+            calls = bool(self._calls.get(choice)) or (acc is not None and bool(acc.slots))
+            if self._allow_markup and (calls and residue or end_of_turn(held)):
+                why = "the choice's calls are settled" if calls else "only end-of-turn tokens end the text"
+                f = Finding(K.MARKUP_RESIDUE_IN_CONTENT, Severity.WARNING, Action.REPAIRED,
+                            f"markup residue {held.strip()[:80]!r} stripped from content (rejected: content, plain: "
+                            f"{why})", choice)
+                self._finding(f, out)
+                continue
+            self._put(choice, "content", held, out)
 
     def _slot_closed(self, item: SlotClosed, out: list[Event]) -> None:
         """A finished call: abort on an unrepairable name, else announce it when already valid."""
@@ -258,6 +307,8 @@ class AttemptGuard:
         for (choice, channel), scanner in self._scanners.items():
             if not self._aborted:
                 self._absorb(scanner.finish(), choice, channel, out)
+        if not self._aborted:
+            self._settle_residue(out)
 
     def _decide(self, out: list[Event]) -> Decision:
         if self._aborted:

@@ -39,15 +39,21 @@ class Delivery:
         """True once any text reached the client."""
         return bool(self._sent)
 
+    @property
+    def channels(self) -> set[tuple[int, str]]:
+        """The ``(choice, channel)`` pairs the client has text of."""
+        return set(self._sent)
+
     def sent(self, choice: int, channel: str) -> str:
         """The text of ``choice`` / ``channel`` the client has received."""
         return "".join(self._sent.get((choice, channel), ()))
 
-    def begin(self) -> None:
-        """A new attempt starts: drop what the previous one held; stream live only if nothing was sent."""
+    def begin(self, *, continuing: bool = False) -> None:
+        """A new attempt starts: drop what the previous one held; stream live only if nothing was sent, or
+        when the attempt ``continuing`` the text the client has (its deltas are the rest of that text)."""
         self._held = []
-        self._after_text = self.sent_text
-        self._live = self.stream_text and not self._after_text
+        self._after_text = self.sent_text and not continuing
+        self._live = (self.stream_text and not self._after_text) or continuing
 
     def offer(self, delta: TextDelta) -> TextDelta | None:
         """The delta to send now (recorded as sent), or None when it is held."""

@@ -23,9 +23,17 @@ class Emitter(Protocol):
     """
 
     protocol: str  # "openai-chat" | "anthropic-messages" | "openai-responses"
+    #: A context-window refusal goes out as the stream's error, not an HTTP 400 (Responses: Codex reads it
+    #: only from ``response.failed``; ``proxy.guard.decisions.answer.answer_for``).
+    overflow_in_stream: bool
 
     def open(self) -> bytes:
         """Bytes to send right after the response headers (may be empty)."""
+        ...
+
+    def early_usage(self, usage: dict[str, Any]) -> None:
+        """The upstream's usage seen before the stream opened (vLLM's ``continuous_usage_stats`` sends it
+        on the first chunk): Anthropic's ``message_start`` carries its prompt counts; others ignore it."""
         ...
 
     def text(self, choice: int, channel: Channel, text: str) -> bytes:
@@ -46,6 +54,11 @@ class Emitter(Protocol):
 
     def close_error(self, error: UpstreamError) -> bytes:
         """The protocol's in-stream error, ending the stream."""
+        ...
+
+    def close_terminal(self, message: str) -> bytes:
+        """The protocol's in-stream error that agents show and never retry, carrying ``message``: a
+        headless run ends with a failure status (docs/clients.md, "How a turn ends")."""
         ...
 
     def complete(self, turn: Turn) -> dict[str, Any]:

@@ -44,6 +44,7 @@ import re
 import secrets
 from typing import Any
 
+from proxy.guard.checks.usage import read_usage
 from proxy.guard.events import Channel
 from proxy.guard.protocols.anthropic_blocks import ARGUMENT_SLICE, SIGNATURE_PREFIX, ContentBlocks, thinking_signature
 from proxy.guard.stream.sse import encode_event
@@ -84,12 +85,10 @@ def is_own_signature(thinking: str, signature: str) -> bool:
 
 
 def usage_from_openai(usage: dict[str, Any] | None) -> dict[str, int]:
-    """Anthropic usage for an OpenAI usage object (PROTOCOLS.md 2.7); zeros when unknown."""
-    prompt = _int(usage, "prompt_tokens")
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    cached = min(prompt, _int(details, "cached_tokens"))
-    return {"input_tokens": prompt - cached, "output_tokens": _int(usage, "completion_tokens"),
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+    """Anthropic usage for an upstream usage object of any family (PROTOCOLS.md 2.7, ``proxy.guard.checks.usage``):
+    ``input_tokens`` without the cache reads and writes, which are ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens``; zeros when unknown."""
+    return read_usage(usage).anthropic()
 
 
 def stop_reason(choice: ChoiceTurn, *, refused: bool = False) -> str:
@@ -116,12 +115,15 @@ class AnthropicMessagesEmitter:
     """
 
     protocol = "anthropic-messages"
+    overflow_in_stream = False  # Claude Code reads it from an HTTP 400 (status checked, cli.js)
 
     def __init__(self, *, model: str, message_id: str | None = None, input_tokens: int = 0,
                  tool_names: dict[str, str] | None = None) -> None:
         self.model = model
         self.message_id = message_id or f"msg_{secrets.token_hex(12)}"
         self.input_tokens = input_tokens
+        self._start_usage = {"input_tokens": input_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                             "cache_read_input_tokens": 0}
         self.tool_names = dict(tool_names or {})
         self._started = False
         self._closed = False
@@ -137,9 +139,18 @@ class AnthropicMessagesEmitter:
         self._started = True
         message: dict[str, Any] = {"id": self.message_id, "type": "message", "role": "assistant", "content": [],
                    "model": self.model, "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
-                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
+                   "usage": dict(self._start_usage)}
         return encode_event("message_start", {"type": "message_start", "message": message})
+
+    def early_usage(self, usage: dict[str, Any]) -> None:
+        """Before ``open``: the upstream's prompt counts (cache reads and writes apart, PROTOCOLS.md 2.7) stand
+        in for the estimate in ``message_start``, as Anthropic's own stream counts the prompt there (a zero
+        there breaks clients' cost tracking, vercel/ai#17326). A usage without a prompt count changes nothing."""
+        read = read_usage(usage)
+        if self._started or read.prompt is None:
+            return
+        counts = read.anthropic()
+        self._start_usage = {**counts, "output_tokens": 0}
 
     def text(self, choice: int, channel: Channel, text: str) -> bytes:
         """A ``thinking_delta`` (reasoning) or ``text_delta`` (content, refusal), opening a block if needed."""
@@ -194,6 +205,26 @@ class AnthropicMessagesEmitter:
         self._closed = True
         return encode_event("error", {"type": "error",
                                       "error": {"type": error_type(error.status), "message": error.message}})
+
+    def close_terminal(self, message: str) -> bytes:
+        """``event: error`` of type ``invalid_request_error`` carrying ``message``, after at least one
+        content block. Claude Code retries ``api_error`` / ``overloaded_error`` and, for an error before
+        any content block, falls back to a non-streaming request; an ``invalid_request_error`` after a
+        block (an empty text block when nothing was sent) it shows once as "API Error: ..." and stops,
+        and ``claude -p`` exits 1 with ``is_error: true`` (measured with Claude Code 2.1, docs/clients.md)."""
+        if self._closed:
+            return b""
+        blocks = self._blocks
+        out = [self.open(), blocks.release()]
+        if blocks.count == 0:
+            out.append(encode_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                            "content_block": {"type": "text", "text": ""}}))
+            out.append(encode_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            blocks.count = 1
+        self._closed = True
+        out.append(encode_event("error", {"type": "error",
+                                          "error": {"type": "invalid_request_error", "message": message}}))
+        return b"".join(out)
 
     # -- non-stream ----------------------------------------------------------------------------
 
@@ -252,11 +283,6 @@ def _arguments(arguments: str) -> Any:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _int(obj: Any, key: str) -> int:
-    value = obj.get(key) if isinstance(obj, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 __all__ = ["ARGUMENT_SLICE", "SIGNATURE_PREFIX", "AnthropicMessagesEmitter", "error_body", "error_type",

@@ -66,6 +66,7 @@ class OpenAIChatEmitter:
     """
 
     protocol = "openai-chat"
+    overflow_in_stream = False
 
     def __init__(self, *, model: str, include_usage: bool, completion_id: str | None = None,
                  created: int | None = None, system_fingerprint: str | None = None) -> None:
@@ -118,6 +119,9 @@ class OpenAIChatEmitter:
     def open(self) -> bytes:
         """Nothing: the role goes out with each choice's first delta."""
         return b""
+
+    def early_usage(self, usage: dict[str, Any]) -> None:
+        """Nothing: this protocol says usage only at the end."""
 
     def text(self, choice: int, channel: Channel, text: str) -> bytes:
         """One text / reasoning / refusal delta (``""`` sends nothing)."""
@@ -198,6 +202,14 @@ class OpenAIChatEmitter:
         self._closed = True
         body = self.error_body(error.status, error.message, type=error.type, code=error.code)
         return f"data: {_dumps(body)}\n\n".encode()
+
+    def close_terminal(self, message: str) -> bytes:
+        """The in-stream error chunk ``{"error": {..., "code": "upstream_failed"}}``: openai-python and
+        openai-node raise ``APIError`` on it (their ``Stream`` checks ``data.error``), the AI SDK's
+        openai-compatible provider ends with an error part; OpenCode and Qwen Code show it, do not
+        retry it and exit 1 headless (measured, docs/clients.md)."""
+        return self.close_error(UpstreamError(502, message, "upstream_error", code="upstream_failed",
+                                              retryable=False))
 
     # -- non-stream ----------------------------------------------------------------------------
 

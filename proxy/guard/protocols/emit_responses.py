@@ -55,6 +55,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from proxy.guard.checks.usage import read_usage
 from proxy.guard.events import Channel
 from proxy.guard.protocols.responses_tools import client_tool, custom_input, local_shell_action
 from proxy.guard.stream.sse import encode_comment, encode_event
@@ -78,15 +79,10 @@ def failure_code(error: UpstreamError) -> str:
 
 
 def usage_from_openai(usage: dict[str, Any] | None) -> dict[str, Any]:
-    """Responses usage for an OpenAI Chat usage object (PROTOCOLS.md 3.4); zeros when unknown."""
-    prompt, completion = _int(usage, "prompt_tokens"), _int(usage, "completion_tokens")
-    prompt_details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    completion_details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
-    return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": _int(prompt_details, "cached_tokens"), "cache_write_tokens": 0},
-            "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": _int(completion_details, "reasoning_tokens")},
-            "total_tokens": prompt + completion}
+    """Responses usage for an upstream usage object of any family (PROTOCOLS.md 3.4, ``proxy.guard.checks.usage``):
+    ``input_tokens_details.cached_tokens`` / ``cache_write_tokens``, ``output_tokens_details.reasoning_tokens``;
+    zeros when unknown."""
+    return read_usage(usage).responses()
 
 
 class _Item:
@@ -128,6 +124,10 @@ class OpenAIResponsesEmitter:
     """
 
     protocol = "openai-responses"
+    #: Codex maps ``context_length_exceeded`` to ``ContextWindowExceeded`` (compaction, a full context
+    #: meter) only from ``response.failed`` (codex-rs/codex-api/src/sse/responses.rs); an HTTP 400 it takes
+    #: for an ordinary invalid request (codex-rs/codex-api/src/api_bridge.rs).
+    overflow_in_stream = True
 
     def __init__(self, *, model: str, request: dict[str, Any] | None = None, response_id: str | None = None,
                  created_at: int | None = None, tool_names: dict[str, Any] | None = None) -> None:
@@ -177,6 +177,9 @@ class OpenAIResponsesEmitter:
         response = self._response("in_progress")
         return self._event("response.created", response=response) + self._event("response.in_progress",
                                                                                  response=response)
+
+    def early_usage(self, usage: dict[str, Any]) -> None:
+        """Nothing: this protocol says usage only at the end."""
 
     def text(self, choice: int, channel: Channel, text: str) -> bytes:
         """An ``output_text`` or ``reasoning_text`` delta, opening its item if needed."""
@@ -312,6 +315,19 @@ class OpenAIResponsesEmitter:
         out.append(self._event("response.failed", response=response))
         return b"".join(out)
 
+    def close_terminal(self, message: str) -> bytes:
+        """``response.failed`` with ``error.code`` ``invalid_prompt`` and ``message``: Codex retries a
+        failed response of any other code up to five times (``stream_max_retries``) and shows
+        ``insufficient_quota`` / ``context_length_exceeded`` in words of its own; ``invalid_prompt`` it
+        shows as sent, does not retry, and ``codex exec`` exits 1 (measured with Codex CLI, docs/clients.md)."""
+        if self._closed:
+            return b""
+        out = [self.open(), self._complete_item()]
+        self._closed = True
+        response = self._response("failed", error={"code": "invalid_prompt", "message": message})
+        out.append(self._event("response.failed", response=response))
+        return b"".join(out)
+
     # -- non-stream ----------------------------------------------------------------------------
 
     def complete(self, turn: Turn) -> dict[str, Any]:
@@ -363,11 +379,6 @@ def _first_choice(turn: Turn) -> ChoiceTurn:
 def _slices(text: str) -> Iterator[str]:
     for start in range(0, len(text), ARGUMENT_SLICE):
         yield text[start : start + ARGUMENT_SLICE]
-
-
-def _int(obj: Any, key: str) -> int:
-    value = obj.get(key) if isinstance(obj, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _maybe_int(value: Any) -> int | None:

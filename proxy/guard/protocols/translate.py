@@ -14,6 +14,10 @@ from typing import Any
 
 #: OpenAI function names: "a-z, A-Z, 0-9, underscores and dashes, max length 64" (PROTOCOLS.md 1.1).
 MAX_TOOL_NAME = 64
+#: The longest client tool name a translator takes (it is shortened to ``MAX_TOOL_NAME`` and mapped
+#: back; a Responses namespace counts with its name). Longer ones are refused: every name is read,
+#: hashed and echoed back, so its size is bounded like everything else a client sends (issue 24 item 2).
+MAX_CLIENT_TOOL_NAME = 256
 _NAME_OK = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -53,8 +57,12 @@ def upstream_tool_name(name: str) -> str:
     A name that is not valid (too long, other characters) has its invalid characters replaced by
     ``_``, is cut to 55 characters and gets ``_`` + 8 hex digits of its SHA-256 (LiteLLM keeps a
     "tool_name_mapping for OpenAI's 64-char limit", PROTOCOLS.md 2.6). Deterministic, so a name seen
-    in history maps like the declared one.
+    in history maps like the declared one. ``TranslationError`` (param ``tools``) for a name longer than
+    ``MAX_CLIENT_TOOL_NAME``.
     """
+    if len(name) > MAX_CLIENT_TOOL_NAME:
+        raise TranslationError(f"tool name {name[:40]!r}… is {len(name)} characters long; at most "
+                               f"{MAX_CLIENT_TOOL_NAME} are accepted", param="tools")
     if _NAME_OK.match(name):
         return name
     clean = _NAME_BAD_CHARS.sub("_", name)

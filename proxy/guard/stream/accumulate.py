@@ -34,24 +34,170 @@ ask for (``proxy.guard.stream.integrity``) -- breaks the attempt: retried, never
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from proxy.guard.checks.repair import resolve_name
 from proxy.guard.checks.validate import arguments_accepted
 from proxy.guard.findings import Action, Finding, FindingKind, Where
 from proxy.guard.policy import GuardPolicy
+from proxy.guard.reading import Read, Reading, read
 from proxy.guard.stream.choice import ChoiceAccumulator
 from proxy.guard.stream.errors import classify_inband_error
 from proxy.guard.stream.integrity import CHUNK_KEYS, has_surrogate_escape
 from proxy.guard.stream.notes import AccItem, Notes
 from proxy.guard.stream.resolve import ChoiceResolver
-from proxy.guard.stream.slots import NOT_JSON, SlotClosed, ident, loads_lenient, resolve_slot_name
+from proxy.guard.stream.slots import NOT_JSON, SlotClosed, ident, loads_lenient, resolve_slot_name, split_values
 from proxy.guard.stream.sse import SSEEvent
 from proxy.guard.turn import RequestSpec, ToolCall, Turn, UpstreamError
 
 K = FindingKind
 
 __all__ = ["AccItem", "Accumulator", "SlotClosed", "resolve_slot_name"]
+
+
+#: The fewest distinct completion ids that make "an id per chunk" the unique envelope reading (two ids
+#: are as much another generation); MAX_IDS bounds the ids kept.
+PER_CHUNK_IDS = 3
+MAX_IDS = 100_000
+
+
+def _has_role(obj: dict[str, Any]) -> bool:
+    """True when a chunk carries a ``role`` in a delta (after chunks without one: the turn restarts)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and isinstance(c.get("delta"), dict) and c["delta"].get("role")
+               for c in choices)
+
+
+#: The most events one data value is read as (framing reading); more is a broken frame.
+MAX_EVENTS_PER_VALUE = 256
+
+
+def split_frame(data: str) -> Read[tuple[str, ...]]:
+    """The framing readings (``proxy.guard.reading``) of an SSE data value that is not one JSON value.
+
+    Upstreams that omit the blank line between events (each ``data:`` line a whole chunk) make a
+    spec-conforming decoder join the lines with ``\\n`` (PROTOCOLS.md 5.1). Candidates: *one value per
+    line* and *concatenated values* (``{...}{...}``); a reading is valid when it yields 2 to
+    ``MAX_EVENTS_PER_VALUE`` values, each a JSON object or ``[DONE]`` (last). The texts of the events.
+    """
+    return read(_frame_readings(data), _frame_valid)
+
+
+def _frame_readings(data: str) -> Iterator[Reading[tuple[str, ...]]]:
+    lines = tuple(line.strip() for line in data.split("\n") if line.strip())
+    if len(lines) >= 2:
+        yield Reading("one value per line", lines)
+    values, rest = split_values(data)
+    if len(values) >= 2 and not rest.strip():
+        yield Reading("concatenated values", tuple(values))
+    elif len(values) >= 1 and rest.strip() == "[DONE]":
+        yield Reading("concatenated values", (*values, "[DONE]"))
+
+
+def _frame_valid(pieces: tuple[str, ...]) -> bool:
+    if not 2 <= len(pieces) <= MAX_EVENTS_PER_VALUE:
+        return False
+    for i, p in enumerate(pieces):
+        if p == "[DONE]" and i == len(pieces) - 1:
+            continue
+        if not isinstance(loads_lenient(p), dict):
+            return False
+    return True
+
+
+def _bare(obj: dict[str, Any]) -> bool:
+    """True when a chunk carries nothing of a turn: every choice's delta empty (no role, text or call);
+    a finish reason and usage may be there."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return True
+    for c in choices:
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values()):
+            return False
+    return True
+
+
+def chunk_usage(obj: dict[str, Any], notes: Notes) -> dict[str, Any] | None:
+    """A chunk's usage: the top-level ``usage``; else a ``usage`` object inside a choice (Moonshot's
+    Kimi API, earendil-works/pi#2017), read as the turn's usage with an envelope-variant finding."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        return usage
+    choices = obj.get("choices")
+    for c in choices if isinstance(choices, list) else []:
+        if isinstance(c, dict) and isinstance(c.get("usage"), dict):
+            notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "usage sent inside a choice, not at the top level")
+            return dict(c["usage"])
+    return None
+
+
+class GenerationIds:
+    """The envelope reading of completion ids (``proxy.guard.reading``). The plain reading: one id for the
+    whole generation. The others: *an id per chunk* -- every chunk since the first had an id of its own,
+    none came back, and no chunk restarted the turn (a ``role`` again after chunks without one; upstreams
+    that repeat the role on every chunk do not restart); *a changed tail* -- one id repeated, then another
+    on chunks that carry nothing of the turn (only a finish reason or usage: llama.cpp,
+    ggml-org/llama.cpp#11746), which prove no other generation. A stream with one id repeated and then
+    another on a chunk with content is another generation (fatal at once), as is content after a changed
+    tail; whether the per-chunk reading is the unique one is settled at the end (``settle``: at least
+    ``PER_CHUNK_IDS`` ids). Bounded: at most ``MAX_IDS`` ids kept."""
+
+    __slots__ = ("ids", "per_chunk", "tail", "_last", "_repeated", "_role_gap")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()  # every completion id seen
+        self.per_chunk = False  # the id changed between chunks (the per-chunk reading)
+        self.tail = False  # the id changed, after repeats, on a chunk with nothing of the turn
+        self._last: str | None = None  # the previous chunk's id
+        self._repeated = False  # a chunk repeated the previous chunk's id (plain reading in force)
+        self._role_gap = False  # a chunk after the first had no role (a role again then is a restart)
+
+    def first(self, cid: str) -> None:
+        """The first chunk's id."""
+        self._last = cid
+        self.ids.add(cid)
+
+    def same(self, cid: str, obj: dict[str, Any]) -> bool:
+        """True when a later chunk with id ``cid`` (its object ``obj``) reads as the same generation."""
+        last, self._last = self._last, cid
+        role = _has_role(obj)
+        restart = role and self._role_gap  # a role again after chunks without one: the turn starts over
+        self._role_gap = self._role_gap or not role
+        if self.tail and not _bare(obj):
+            return False  # content after a changed tail: another generation
+        if cid == last:
+            self._repeated = True
+            return not self.per_chunk
+        if self._repeated and not self.per_chunk and not self.tail and cid not in self.ids and _bare(obj):
+            self.tail = True
+            self.ids.add(cid)
+            return True
+        if cid in self.ids or self._repeated or len(self.ids) >= MAX_IDS or restart:
+            return False
+        self.ids.add(cid)
+        self.per_chunk = True
+        return True
+
+    def settle(self, notes: Notes, first: str) -> None:
+        """At the end of a stream not already fatal: the finding of the reading taken, or a retry when the
+        per-chunk reading is not the unique one (fewer than ``PER_CHUNK_IDS`` ids)."""
+        if self.tail:
+            notes.note(K.COMPLETION_ID_CHANGED, Action.NORMALIZED,
+                       f"completion id changed from {first[:60]} on chunks with nothing of the turn, read as one "
+                       "generation (rejected: another generation: nothing restarts)")
+        elif self.per_chunk and len(self.ids) >= PER_CHUNK_IDS:
+            notes.note(K.COMPLETION_ID_PER_CHUNK, Action.NORMALIZED,
+                       f"{len(self.ids)} completion ids, one per chunk, read as an id per chunk of one "
+                       "generation (rejected: plain, one id per generation: not valid; another "
+                       "generation: no restart seen)")
+        elif self.per_chunk:
+            notes.note(K.COMPLETION_ID_CHANGED, Action.RETRY,
+                       f"completion id changed from {first[:60]}: another generation or an "
+                       "id per chunk, too few chunks to tell (no unique reading)")
 
 
 class Accumulator:
@@ -77,6 +223,9 @@ class Accumulator:
         self.model: str | None = None
         self.created: int | None = None
         self.fingerprint: str | None = None
+        self._gen = GenerationIds()  # the envelope reading of completion ids
+        self._counted = 0  # choice-bearing chunks seen (the choice-index counter reading)
+        self._counter = True  # every chunk's choice index so far equals its number (n=1 only)
 
     @property
     def fatal(self) -> bool:
@@ -131,11 +280,29 @@ class Accumulator:
             self.notes.note(K.INVALID_UTF8_IN_FRAME, Action.RETRY, "a frame with bytes that are not UTF-8",
                             once=False)
         if obj is NOT_JSON:
-            self._unparseable(data)
+            pieces = self._framing(data)
+            if pieces is None:
+                self._unparseable(data)
+                return
+            for piece in pieces:
+                self._data(piece, event, invalid_utf8)
         elif event == "error" and isinstance(obj, dict) and "error" not in obj:
             self._upstream_error(K.MID_STREAM_ERROR_CHUNK, obj, "event: error frame")
         else:
             self._chunk(obj)
+
+    def _framing(self, data: str) -> list[str] | None:
+        """The framing readings of a data value that is not JSON (``split_frame``): the events it is, with
+        a finding, when exactly one reading is valid; None (a broken frame, as before) otherwise."""
+        reading = split_frame(data)
+        if reading.chosen is None:
+            if reading.ambiguous:
+                self.notes.note(K.AMBIGUOUS_READING, Action.RETRY, reading.detail("data value"), once=False)
+                return []
+            return None
+        self.notes.note(K.SSE_EVENTS_WITHOUT_BLANK_LINE, Action.NORMALIZED,
+                        reading.detail(f"data value of {len(reading.chosen.value)} JSON values"), once=False)
+        return list(reading.chosen.value)
 
     def _unparseable(self, data: str) -> None:
         """C45: a frame that is not JSON (fused with the next one when ``data:`` appears inline)."""
@@ -172,8 +339,8 @@ class Accumulator:
             return
         if not self._identity(obj):
             return
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
+        usage = chunk_usage(obj, self.notes)
+        self.usage = usage if usage is not None else self.usage
         self._choices(obj)
 
     def _identity(self, obj: dict[str, Any]) -> bool:
@@ -183,7 +350,8 @@ class Accumulator:
             self.notes.note(K.IDENTITY_FIELD_BLANK, Action.IGNORED, "chunk without a completion id")
         elif self.turn_id is None:
             self.turn_id = cid
-        elif cid != self.turn_id:
+            self._gen.first(cid)
+        elif not self._gen.same(cid, obj):
             self.notes.note(K.COMPLETION_ID_CHANGED, Action.RETRY,
                             f"completion id changed from {self.turn_id[:60]} to {cid[:60]}: another generation")
             return False
@@ -200,9 +368,14 @@ class Accumulator:
             self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "choices sent as one object, not a list")
             choices = [choices]
         if isinstance(choices, list) and choices:
+            counted = None
+            if len(choices) == 1:
+                counted, self._counted = self._counted, self._counted + 1
+            else:
+                self._counter = False
             for c in choices:
                 if isinstance(c, dict):
-                    self._choice(c)
+                    self._choice(c, counted)
         elif "prompt_filter_results" in obj:
             self.notes.note(K.CONTENT_FILTER_ANNOTATION_CHUNKS, Action.IGNORED, "prompt filter chunk skipped")
         elif isinstance(choices, list) or "usage" in obj:
@@ -215,13 +388,21 @@ class Accumulator:
         else:
             self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
 
-    def _choice(self, c: dict[str, Any]) -> None:
+    def _choice(self, c: dict[str, Any], counted: int | None = None) -> None:
         idx = c.get("index")
         if type(idx) is not int or idx < 0:
             idx = self._index(idx)
+        if counted is not None:
+            self._counter = self._counter and idx == counted
         if idx and idx >= self.request.n:
-            self._unrequested(idx, c)
-            return
+            if self._counter and counted is not None and self.request.n == 1:
+                self.notes.note(K.CHOICE_INDEX_AS_COUNTER, Action.NORMALIZED,
+                                "choice index read as a chunk counter on an n=1 request (rejected: plain, "
+                                f"choice {idx}: not requested)")
+                idx = 0
+            else:
+                self._unrequested(idx, c)
+                return
         self._choice_for(idx).feed(c)
 
     def _index(self, idx: Any) -> int:
@@ -258,6 +439,8 @@ class Accumulator:
         self.notes.where = Where()
         if self.stream and not self.done:
             self.notes.note(K.EOF_WITHOUT_DONE, Action.NORMALIZED, "stream ended without [DONE]")
+        if not self.fatal:
+            self._gen.settle(self.notes, self.turn_id or "")
         return self.notes.take()
 
     def _resolver(self) -> ChoiceResolver:

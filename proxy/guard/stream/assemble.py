@@ -16,6 +16,16 @@ tried, in this order:
      schema, the last is: the last;
    - *separate calls*: distinct values, each accepted, as many ids as values, parallel calls allowed.
 
+Beyond these, the readings of a slot's text by the reading rule (``proxy.guard.reading``, issue 20):
+
+4. **a missing opening brace** (``'"city": "Paris"}'``): the text with ``{`` added, when
+   ``Repair.MISSING_BRACE`` is allowed. A missing *closing* character is not a reading: it cannot be
+   told from a truncated call (C24), which must never become an executable one;
+5. **fused calls** (``{...}{...}`` or ``{...}read_file{...}`` in one slot, one id): one call per value,
+   the first the slot's tool, each later one the tool named between the values or, when no name is
+   there, the one declared tool whose schema accepts the value; only with parallel calls allowed and
+   distinct values (equal values are *a complete value repeated*).
+
 An assembly survives when every call it yields parses to an object the schema accepts (after the
 policy's repairs, ``proxy.guard.checks.repair.parse_arguments``). Survivors are compared by value
 (identical objects count once). One survivor: taken, with a finding naming it and the rejected
@@ -33,14 +43,16 @@ chain are both dead). Sans-IO; nothing here raises on any input.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guard.checks.repair import parse_arguments
-from proxy.guard.policy import GuardPolicy
-from proxy.guard.stream.slots import split_values
+from proxy.guard.policy import GuardPolicy, Repair
+from proxy.guard.stream.slots import _DECODER, braced, split_values
 
 #: Is this parsed argument object valid for the call's declared tool? (``validate.arguments_accepted``)
 Accepts = Callable[[dict[str, Any]], bool]
@@ -50,6 +62,8 @@ SNAPSHOTS = "cumulative snapshots"
 REPEATED = "a complete value repeated"
 PLACEHOLDER = "a placeholder then the real value"
 SEPARATE = "separate calls"
+BRACE = "missing opening brace"
+FUSED = "fused calls"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +74,7 @@ class Assembly:
     how: str
     texts: tuple[str, ...]
     values: tuple[dict[str, Any], ...] = ()
+    names: tuple[str, ...] = ()  # FUSED: the declared tool of each call after the first
 
     @property
     def valid(self) -> bool:
@@ -91,12 +106,15 @@ class Outcome:
 
 
 def assemble(frags: Sequence[str], accepts: Accepts, policy: GuardPolicy, *, ids: int = 1,
-             parallel: bool = True) -> Outcome:
+             parallel: bool = True, tools: Callable[[str | None, dict[str, Any]], tuple[str, ...]] | None = None
+             ) -> Outcome:
     """Decide what one slot's argument ``frags`` mean (module docstring).
 
     ``accepts`` says whether a parsed object is valid for the declared tool; ``ids`` is the number
     of distinct tool-call ids the upstream sent for it; ``parallel`` whether the request allows
-    parallel calls. Returns the ``Outcome``; ``chosen.texts`` are the argument texts to validate.
+    parallel calls; ``tools(name, value)``: the declared tools ``name`` (None: any) can mean whose
+    schema accepts ``value`` (for *fused calls*; None: that reading is not tried). Returns the
+    ``Outcome``; ``chosen.texts`` are the argument texts to validate (``chosen.names`` for FUSED).
     """
     text = "".join(frags)
     plain = _reading(CONCATENATION, (text,), accepts, policy)
@@ -109,7 +127,68 @@ def assemble(frags: Sequence[str], accepts: Accepts, policy: GuardPolicy, *, ids
     values, rest = split_values(text)
     if len(values) >= 2 and not rest.strip(" \t\r\n`"):
         tried += sequence_readings(values, accepts, policy, ids=ids, parallel=parallel)
+    if policy.allows(Repair.MISSING_BRACE) and (b := braced(text)) != text:
+        tried.append(_reading(BRACE, (b,), accepts, policy))
+    if tools is not None and parallel and ids <= 1:
+        tried += fused_reading(text, accepts, tools, policy)
     return decide(tried)
+
+
+#: The most calls one slot is read as (fused calls).
+MAX_FUSED = 16
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def split_fused(text: str) -> list[tuple[str | None, str]] | None:
+    """``text`` as fused calls: (the name written before the value or None, the value's text) per value;
+    None unless it is 2 to ``MAX_FUSED`` JSON objects with at most a bare name between two of them."""
+    out: list[tuple[str | None, str]] = []
+    pos, n = 0, len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        if pos >= n:
+            return out if 2 <= len(out) <= MAX_FUSED else None
+        name = None
+        if out and (m := _NAME.match(text, pos)) is not None:
+            name, pos = m.group(), m.end()
+            while pos < n and text[pos] in " \t\r\n":
+                pos += 1
+        if pos >= n or text[pos] != "{" or len(out) >= MAX_FUSED:
+            return None
+        try:
+            _, end = _DECODER.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return None
+        out.append((name, text[pos:end]))
+        pos = end
+
+
+def fused_reading(text: str, accepts: Accepts, tools: Callable[[str | None, dict[str, Any]], tuple[str, ...]],
+                  policy: GuardPolicy) -> list[Assembly]:
+    """The *fused calls* readings of ``text`` (module docstring): one per way of naming the later calls
+    (a later value several declared tools accept gives several readings, so the attempt is retried);
+    none when the text is not fused calls; one invalid reading (no ``values``) when a value is not
+    accepted or has no tool, or the values are all equal and unnamed (that is *a complete value repeated*)."""
+    pieces = split_fused(text)
+    if pieces is None:
+        return []
+    texts = tuple(t for _, t in pieces)
+    first = _accepted(texts[0], accepts, policy)
+    if first is None:
+        return [Assembly(FUSED, texts)]
+    values, options = [first], []
+    for name, t in pieces[1:]:
+        parsed = parse_arguments(t, policy)
+        found = tools(name, parsed.value) if parsed.ok and isinstance(parsed.value, dict) else ()
+        if not found:
+            return [Assembly(FUSED, texts)]
+        values.append(parsed.value)
+        options.append(found)
+    if len({_key(v) for v in values}) == 1 and not any(name for name, _ in pieces):
+        return [Assembly(FUSED, texts)]
+    return [Assembly(FUSED, texts, tuple(values), names)
+            for names in itertools.islice(itertools.product(*options), MAX_FUSED)]
 
 
 def sequence_readings(values: Sequence[str], accepts: Accepts, policy: GuardPolicy, *, ids: int,
@@ -137,7 +216,7 @@ def decide(tried: list[Assembly]) -> Outcome:
     for a in tried:
         if not a.valid:
             continue
-        key = tuple(_key(v) for v in a.values)
+        key = (*(_key(v) for v in a.values), *a.names)
         if key not in seen:
             seen.add(key)
             survivors.append(a)

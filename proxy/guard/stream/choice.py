@@ -16,9 +16,10 @@ from typing import Any
 
 from proxy.guard.events import Channel, TextDelta
 from proxy.guard.findings import Action, FindingKind
-from proxy.guard.policy import GuardPolicy
+from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.stream.integrity import CHOICE_KEYS, DELTA_KEYS, FUNCTION_KEYS, TOOL_KEYS
 from proxy.guard.stream.notes import Notes
+from proxy.guard.stream.residue import only_markup
 from proxy.guard.stream.slot_table import SlotTable
 from proxy.guard.stream.slots import Slot, argument_fragment, ident
 
@@ -36,7 +37,7 @@ class ChoiceAccumulator:
     """Everything seen for choice ``index``: ``table`` (its tool-call slots), ``finishes`` (raw
     finish_reason values in order), whether text or a role arrived, the frame of the first finish."""
 
-    __slots__ = ("index", "notes", "stream", "table", "finishes", "has_text", "text_after_calls", "role_seen",
+    __slots__ = ("index", "notes", "policy", "stream", "table", "finishes", "has_text", "text_after_calls", "role_seen",
                  "finished_at")
 
     def __init__(self, index: int, names: frozenset[str], policy: GuardPolicy, notes: Notes, *,
@@ -44,6 +45,7 @@ class ChoiceAccumulator:
         self.index = index
         self.notes = notes
         self.stream = stream
+        self.policy = policy
         self.table = SlotTable(index, names, policy, notes)
         self.finishes: list[str] = []
         self.has_text = False
@@ -165,6 +167,10 @@ class ChoiceAccumulator:
             return
         a = slot.args
         was_dead = a.dead
+        if not is_object and a.complete and only_markup(frag) and self.policy.allows(Repair.LEAKED_MARKUP):
+            self.notes.note(K.MARKUP_RESIDUE_IN_CONTENT, Action.REPAIRED, f"dialect markup {frag.strip()[:40]!r} "
+                            "after complete arguments dropped (rejected: plain, not JSON)", self.index, slot.position)
+            return
         if is_object:
             self._object_arguments(slot)
         elif frag.strip():

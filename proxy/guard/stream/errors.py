@@ -16,6 +16,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from proxy.guard.findings import Action, Finding, FindingKind, Severity, cap_fragment
+from proxy.guard.stream.overflow import read_overflow
 from proxy.guard.turn import Decision, Outcome, UpstreamError
 
 #: Error ``type`` / ``code`` strings that mean "the request itself is wrong": retrying cannot help.
@@ -56,11 +57,13 @@ def classify_inband_error(obj: Any) -> UpstreamError:
     ``code`` when that is an HTTP status int, else 502 (retryable) or 400 (request error).
     """
     err = _unwrap(obj)
-    message = _message_of(err)
+    message = _message_of(err) + _window_figures(err)
     type_ = _str_field(err, "type") or "upstream_error"
     raw_code = err.get("code")
     http = _http_status(raw_code) or _http_status(err.get("status"))
-    retryable = _inband_retryable(err, message, http)
+    retryable = _inband_retryable(err, message, http) and not _overflow(err, message)
+    if not retryable and http is not None and http >= 500:
+        http = 400
     status = http if http is not None else (502 if retryable else 400)
     return UpstreamError(status=status, message=message, type=type_, code=_code_text(raw_code),
                          retryable=retryable)
@@ -80,10 +83,11 @@ def http_error_decision(status: int, body: bytes, headers: Mapping[str, str], *,
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes | bytearray) else ""
     err = _body_error(text)
     generation_failed = _generation_failed(err)
-    retryable = status in _RETRYABLE_STATUSES or status >= 500 or generation_failed
-    message = _message_of(err) if err else _text_message(text, status)
+    message = _message_of(err) + _window_figures(err) if err else _text_message(text, status)
+    overflow = _overflow(err, message)
+    retryable = (status in _RETRYABLE_STATUSES or status >= 500 or generation_failed) and not overflow
     error = UpstreamError(
-        status=status if 400 <= status <= 599 else 502,
+        status=400 if overflow else status if 400 <= status <= 599 else 502,
         message=message,
         type=_str_field(err, "type") or _default_type(status),
         code=_code_text(err.get("code")),
@@ -227,6 +231,24 @@ def _inband_retryable(err: dict[str, Any], message: str, http: int | None) -> bo
     if any(m in markers for m in _REQUEST_ERROR_MARKERS):
         return False
     return not any(p in message.lower() for p in _REQUEST_ERROR_PHRASES)
+
+
+def _overflow(err: dict[str, Any], message: str) -> bool:
+    """True when the error reports a context-window overflow, whatever its status: llama.cpp's server
+    answers one with HTTP 500 and ``type: exceed_context_size_error`` (ggml-org/llama.cpp#15780), and
+    asking again with the same request cannot succeed."""
+    markers = f"{err.get('type') or ''} {err.get('code') or ''}".lower()
+    return "exceed_context_size" in markers or "context_length_exceeded" in markers \
+        or read_overflow(message) is not None
+
+
+def _window_figures(err: dict[str, Any]) -> str:
+    """llama.cpp's figures of an overflow, ``n_prompt_tokens`` and ``n_ctx`` (ints beside its message,
+    ggml-org/llama.cpp#15780), said in the message so ``read_overflow`` reads them; else empty."""
+    prompt, window = err.get("n_prompt_tokens"), err.get("n_ctx")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10**12 for v in (prompt, window)):
+        return ""
+    return f" (n_prompt_tokens={prompt}, n_ctx={window})"
 
 
 def _generation_failed(err: dict[str, Any]) -> bool:

@@ -23,6 +23,9 @@ _OUTSIDE = re.compile(r"[\s\x00-\x1f,:0-9A-Za-z+\-.]+")
 _FENCE_CHARS = frozenset("`jsonJSON \t\r\n")
 _WS_FENCE = frozenset("` \t\r\n")
 _MAX_PREFIX = 16  # characters of fence residue tolerated before the value
+#: Characters of a tool name tolerated between two complete values (a fused call's name), and how many.
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_MAX_BETWEEN = 64
 
 
 class JsonPrefix:
@@ -36,7 +39,7 @@ class JsonPrefix:
     backslash); callers must parse it at the end instead.
     """
 
-    __slots__ = ("state", "values", "_stack", "_in_str", "_esc", "_prefix")
+    __slots__ = ("state", "values", "_stack", "_in_str", "_esc", "_prefix", "_between")
 
     def __init__(self) -> None:
         self.state = PRE
@@ -45,12 +48,13 @@ class JsonPrefix:
         self._in_str = False
         self._esc = False
         self._prefix = 0
+        self._between = 0  # name characters after a complete value (a fused call's name, ``{..}read_file{..}``)
 
     def copy(self) -> JsonPrefix:
         """An independent copy of the current state."""
         c = JsonPrefix()
         c.state, c.values, c._stack, c._in_str = self.state, self.values, list(self._stack), self._in_str
-        c._esc, c._prefix = self._esc, self._prefix
+        c._esc, c._prefix, c._between = self._esc, self._prefix, self._between
         return c
 
     @property
@@ -87,7 +91,9 @@ class JsonPrefix:
     def _after(self, text: str, i: int) -> int:
         ch = text[i]
         if ch in "{[":  # a second complete value may follow (a repeat, a placeholder then the real one)
-            self.state, self._stack, self.values = IN, [ch], self.values + 1
+            self.state, self._stack, self.values, self._between = IN, [ch], self.values + 1, 0
+        elif ch in _NAME_CHARS and self._between < _MAX_BETWEEN:
+            self._between += 1  # a fused call's name between two values (proxy.guard.stream.assemble, FUSED)
         elif ch not in _WS_FENCE:
             self.state = DEAD  # anything else after a complete value
         return i + 1

@@ -39,7 +39,7 @@ class ChoiceResolver:
     parsed argument object valid for tool ``name`` (``validate.arguments_accepted``; None: any object);
     ``parallel``: the request allows parallel calls."""
 
-    __slots__ = ("names", "policy", "notes", "terminated", "accepts", "parallel")
+    __slots__ = ("names", "policy", "notes", "terminated", "accepts", "parallel", "fused")
 
     def __init__(self, names: frozenset[str], policy: GuardPolicy, notes: Notes, *, terminated: bool,
                  accepts: Callable[[str, dict[str, Any]], bool] | None = None, parallel: bool = True) -> None:
@@ -49,6 +49,8 @@ class ChoiceResolver:
         self.terminated = terminated
         self.accepts = accepts or (lambda _name, _value: True)
         self.parallel = parallel
+        #: the later calls of a slot read as fused calls, by (choice, slot position): (tool, arguments text)
+        self.fused: dict[tuple[int, int], list[tuple[str, str]]] = {}
 
     def choice(self, ch: ChoiceAccumulator, texts: dict[tuple[int, str], str], extra: list[ToolCall]) -> ChoiceTurn:
         """The turn of choice ``ch``: its calls plus ``extra`` (recovered from markup), ``texts`` by channel."""
@@ -81,6 +83,8 @@ class ChoiceResolver:
                     continue
                 values.append((None if slot.minted or slot is legacy else call.id, call.name, value))
                 calls.append(call)
+                for name, text in self.fused.pop((ch.index, slot.position), []):
+                    calls.append(ToolCall(synthesize_call_id(), name, text, {}))
         return calls, complete
 
     def slot_call(self, choice: int, slot: Slot) -> tuple[ToolCall, Any]:
@@ -109,9 +113,11 @@ class ChoiceResolver:
         """The argument text of one slot by the assembly rule (``proxy.guard.stream.assemble``); with no unique
         survivor the plain reading (validation then says what is wrong) and, when several, a retry."""
         a = slot.args
-        out = asm.assemble(a.frags, self._accepts(name), self.policy, parallel=self.parallel)
-        if out.chosen is not None and len(out.chosen.texts) == 1:
+        out = asm.assemble(a.frags, self._accepts(name), self.policy, parallel=self.parallel, tools=self._tools)
+        if out.chosen is not None and (len(out.chosen.texts) == 1 or out.chosen.how == asm.FUSED):
             self._chosen(choice, slot.position, out)
+            if out.chosen.how == asm.FUSED:
+                self.fused[(choice, slot.position)] = list(zip(out.chosen.names, out.chosen.texts[1:], strict=True))
             return out.chosen.texts[0]
         if out.ambiguous:
             self._ambiguous(choice, slot.position, out)
@@ -126,23 +132,36 @@ class ChoiceResolver:
         texts = [s.args.text for s in group]
         ids = len({s.id for s in group if s.id is not None})
         readings = asm.sequence_readings(texts, self._accepts(name), self.policy, ids=ids, parallel=self.parallel)
+        if self.parallel and ids <= 1:
+            readings += asm.fused_reading("".join(texts), self._accepts(name), self._tools, self.policy)
         out = asm.decide(readings)
         if out.chosen is None:
             if out.ambiguous:
                 self._ambiguous(choice, head.position, out)
             return None
+        many = out.chosen.how in (asm.SEPARATE, asm.FUSED)
+        if many and len(out.chosen.texts) != len(group):
+            return None  # values and slots do not line up (a name between values in one fragment): as they stand
         self._chosen(choice, head.position, out)
-        if out.chosen.how != asm.SEPARATE:
+        if not many:
             self._mint(choice, head)
             assert head.id is not None
             text = out.chosen.texts[0]
             return [(head, (ToolCall(head.id, name, text, dict(head.extra)), loads_lenient(text)))]
+        names = (name, *out.chosen.names) if out.chosen.how == asm.FUSED else (name,) * len(group)
         pairs = []
-        for s, text in zip(group, out.chosen.texts, strict=True):
+        for s, text, tool in zip(group, out.chosen.texts, names, strict=True):
             self._mint(choice, s)
             assert s.id is not None
-            pairs.append((s, (ToolCall(s.id, name, text, dict(head.extra)), loads_lenient(text))))
+            pairs.append((s, (ToolCall(s.id, tool, text, dict(head.extra)), loads_lenient(text))))
         return pairs
+
+    def _tools(self, name: str | None, value: dict[str, Any]) -> tuple[str, ...]:
+        """The declared tools ``name`` means (None: any declared tool) whose schema accepts ``value``."""
+        if name is not None:
+            resolved = resolve_name(name, self.names, self.policy)
+            return (resolved,) if resolved is not None and self.accepts(resolved, value) else ()
+        return tuple(n for n in sorted(self.names) if self.accepts(n, value))
 
     def _accepts(self, name: str) -> asm.Accepts:
         return lambda value: self.accepts(name, value)
@@ -153,12 +172,16 @@ class ChoiceResolver:
         assert chosen is not None
         if chosen.how == asm.CONCATENATION:
             return
-        kind = {asm.SNAPSHOTS: K.CUMULATIVE_ARGUMENTS_SNAPSHOTS,
-                asm.REPEATED: K.FULL_ARGUMENTS_RESENT_AT_END}.get(chosen.how, K.ARGUMENTS_ASSEMBLED)
+        kind = {asm.SNAPSHOTS: K.CUMULATIVE_ARGUMENTS_SNAPSHOTS, asm.REPEATED: K.FULL_ARGUMENTS_RESENT_AT_END,
+                asm.BRACE: K.ARGUMENTS_MISSING_BRACE, asm.FUSED: K.FUSED_PARALLEL_ARGUMENTS,
+                }.get(chosen.how, K.ARGUMENTS_ASSEMBLED)
         detail = f"arguments read as {chosen.how}"
         if chosen.how == asm.SNAPSHOTS:
             detail = "arguments streamed as cumulative snapshots; last snapshot used"
-        self.notes.note(kind, Action.NORMALIZED, f"{detail} (rejected: {out.rejected()})"[:500], choice, pos)
+        elif chosen.how == asm.FUSED:
+            detail = f"arguments read as {len(chosen.texts)} fused calls (then {', '.join(chosen.names)[:200]})"
+        action = Action.REPAIRED if chosen.how == asm.BRACE else Action.NORMALIZED
+        self.notes.note(kind, action, f"{detail} (rejected: {out.rejected()})"[:500], choice, pos)
 
     def _ambiguous(self, choice: int, pos: int, out: asm.Outcome) -> None:
         hows = ", ".join(a.how for a in out.survivors)
@@ -237,16 +260,18 @@ class ChoiceResolver:
         run out, the retryable ``upstream_truncated`` error, ``proxy.guard.decisions.answer``), unless what arrived
         is provably a whole turn: tool calls whose arguments are complete JSON values, nothing after
         them; such a turn ends as a tool-call turn with a finding (its calls are still validated against
-        their schemas, and retried when invalid). Issue: fault tolerance, item 6."""
+        their schemas, and retried when invalid). Issue: fault tolerance, item 6. With ``[DONE]`` the turn
+        is whole: ``tool_calls`` when it has calls, else ``stop`` (waybarrios/vllm-mlx#628)."""
         if not self.terminated and out.tool_calls and not ch.text_after_calls:
             self.notes.note(K.MISSING_FINISH_REASON, Action.NORMALIZED, "stream ended without finish_reason "
                             "and without [DONE] after complete tool calls: taken as a tool-call turn", ch.index)
         elif not self.terminated:
             self.notes.note(K.MISSING_FINISH_REASON, Action.RETRY,
                             "stream ended without finish_reason and without [DONE]", ch.index)
-        else:
-            self.notes.note(K.MISSING_FINISH_REASON, Action.NORMALIZED, "no finish_reason; decided at the end",
-                            ch.index)
+        else:  # [DONE] ended a whole turn: its finish reason is what the emitter gives it (vllm-mlx#628)
+            out.finish_reason = out.finish_reason or "stop"
+            self.notes.note(K.MISSING_FINISH_REASON, Action.NORMALIZED,
+                            f"no finish_reason before [DONE]: {out.finish_reason}", ch.index)
 
 
 def _groups(slots: list[Slot]) -> list[list[Slot]]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.guard.checks.repair import parse_arguments, resolve_name
-from proxy.guard.policy import GuardPolicy
+from proxy.guard.policy import GuardPolicy, Repair
 from proxy.guard.stream.jsonprefix import DEAD, OPAQUE, JsonPrefix
+from proxy.guard.stream.residue import only_markup
 
 _ABSENT = ("", "null")
 
@@ -108,7 +109,8 @@ class Args:
 
     def finished(self, policy: GuardPolicy) -> bool:
         """True when the arguments amount to JSON now (directly or after an allowed repair)."""
-        return self.blank or self.complete or parse_arguments(self.current(), policy).ok
+        return self.blank or self.complete or parse_arguments(self.current(), policy).ok \
+            or (policy.allows(Repair.MISSING_BRACE) and parse_arguments(braced(self.text), policy).ok)
 
     def parsed(self) -> Any:
         """The current text parsed leniently, or a sentinel ``NOT_JSON``."""
@@ -131,6 +133,13 @@ def loads_lenient(text: str) -> Any:
         return _DECODER.decode(text.strip())
     except (ValueError, RecursionError):
         return NOT_JSON
+
+
+def braced(text: str) -> str:
+    """``text`` with the opening brace it lacks (``'"city": "Paris"}'`` -> ``'{"city": "Paris"}'``), else
+    ``text`` unchanged: the *missing opening brace* argument reading (``proxy.guard.stream.assemble``)."""
+    body = text.lstrip()
+    return "{" + body if body.startswith('"') and body.rstrip().endswith("}") else text
 
 
 def split_values(text: str) -> tuple[list[str], str]:
@@ -229,5 +238,6 @@ def argument_fragment(value: Any) -> tuple[str | None, bool]:
 
 
 def trailing_residue(frag: str) -> bool:
-    """Whitespace or a closing code fence after complete arguments (C23), not a new value."""
-    return not frag.strip(" \t\r\n`")
+    """Whitespace, a closing code fence (C23) or only dialect markup (``residue.only_markup``) after
+    complete arguments, not a new value."""
+    return not frag.strip(" \t\r\n`") or only_markup(frag)

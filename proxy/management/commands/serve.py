@@ -42,28 +42,20 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         from proxy.edge.server.launcher import serve  # installs Twisted's asyncio reactor
 
-        host, port, fd = options["host"], options["port"], options["fd"]
-        if port is None and fd is None:
-            port = DEFAULT_PORT
-        if port is not None:
-            host = host or DEFAULT_HOST
-        elif host is not None:
-            raise CommandError("--host needs --port")
+        host, port, fd = _listen_on(options)
         limits, backlog = _limits()
 
         from channels.routing import get_default_application
 
-        from audit.journal_writer import journal
+        from audit import journal_writer
 
-        journal()  # the writer starts now: it drains journals a stopped process left before any request comes
-        from alerts import ticker
-
-        ticker.start()  # without a broker (no beat), the alert rules are evaluated here
-
+        mode = writer_mode()
+        supervisor = _start_writer(mode)
         where = ", ".join([*([f"http://{host}:{port}"] if port is not None else []),
                            *([f"fd {fd}"] if fd is not None else [])])
         self.stdout.write(f"toolrelay serving on {where} (MAX_REQUEST_BYTES={limits.max_request_bytes}, "
-                          f"HEADER_TIMEOUT_SECONDS={limits.header_timeout:g}, LISTEN_BACKLOG={backlog})")
+                          f"HEADER_TIMEOUT_SECONDS={limits.header_timeout:g}, LISTEN_BACKLOG={backlog}, "
+                          f"JOURNAL_WRITER={mode})")
         self.stdout.flush()
         try:
             status = serve(get_default_application(), host=host, port=port, fd=fd, limits=limits, backlog=backlog,
@@ -71,8 +63,58 @@ class Command(BaseCommand):
                            verbosity=options["verbosity"])
         except OSError as exc:
             raise CommandError(f"cannot listen on {where}: {exc}") from None
+        finally:
+            if supervisor is not None:
+                journal_writer.shutdown()  # release the journal first: the writer's last drain takes all of it
+                supervisor.stop()
         if status:
             raise CommandError(f"could not listen on {where} (see the log above)")
+
+
+def _listen_on(options: dict[str, Any]) -> tuple[str | None, int | None, int | None]:
+    """``(host, port, fd)`` from the options: the default port when neither a port nor an fd is given;
+    ``CommandError`` for ``--host`` without ``--port``."""
+    host, port, fd = options["host"], options["port"], options["fd"]
+    if port is None and fd is None:
+        port = DEFAULT_PORT
+    if port is not None:
+        host = host or DEFAULT_HOST
+    elif host is not None:
+        raise CommandError("--host needs --port")
+    return host, port, fd
+
+
+def _start_writer(mode: str) -> Any:
+    """Start the journal and its writer for ``mode`` (``writer_mode()``); the supervisor of a writer child
+    process (``mode == "process"``), else None. Without a broker (no beat) and with the writer in this
+    process, the alert rules are evaluated here too (else by the writer process)."""
+    from audit import journal_writer
+
+    journal_writer.configure(shared=mode != "thread")
+    journal_writer.journal()  # the writer starts now: it drains journals stopped processes left
+    if mode == "thread":
+        from alerts import ticker
+
+        ticker.start()
+    if mode != "process":
+        return None
+    from audit.host_writer import Supervisor
+
+    supervisor = Supervisor()
+    supervisor.start()
+    return supervisor
+
+
+def writer_mode() -> str:
+    """``JOURNAL_WRITER`` resolved: ``process``, ``external`` or ``thread`` (``auto``: ``process`` with
+    ``REDIS_URL``, whose channel layer carries the writer's live feed to this process, else ``thread``);
+    ``CommandError`` for another value."""
+    mode = settings.JOURNAL_WRITER.strip().lower()
+    if mode == "auto":
+        return "process" if settings.REDIS_URL else "thread"
+    if mode not in ("process", "external", "thread"):
+        raise CommandError(f"JOURNAL_WRITER={settings.JOURNAL_WRITER!r} must be auto, process, external or thread")
+    return mode
 
 
 def _limits() -> tuple[Limits, int]:

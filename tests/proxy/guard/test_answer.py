@@ -18,7 +18,8 @@ REFUSED = Decision(Outcome.UPSTREAM_ERROR, None, reason="messages.0.content: fie
                    error=UpstreamError(400, "messages.0.content: field required", "invalid_request_error",
                                        retryable=False))
 AUTH = Decision(Outcome.UPSTREAM_ERROR, None, reason="bad key", error=UpstreamError(401, "bad key", retryable=False))
-MESSAGE, ERROR = GuardPolicy(), GuardPolicy(exhaustion=Exhaustion.ERROR)
+MESSAGE, ERROR = GuardPolicy(exhaustion=Exhaustion.MESSAGE), GuardPolicy(exhaustion=Exhaustion.ERROR)
+FAIL = GuardPolicy()
 
 
 def answer(decision: Decision, *, committed: bool = False, stream: bool = True, checked: bool = True,
@@ -138,3 +139,26 @@ def test_a_finish_decided_at_the_end_is_not_broken_off() -> None:
                                                   Action.NORMALIZED, "no finish_reason; decided at the end"),
                                           *BROKEN.findings), reason=BROKEN.reason)
     assert answer(done).kind is AnswerKind.EXHAUSTED
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_by_default_broken_model_output_on_a_stream_ends_in_the_terminal_error(committed: bool) -> None:
+    """The default ``fail``: the protocol's non-retryable in-stream error, before the commit as after it,
+    so a headless agent run fails (issue 23 item 1); the request is exhausted, not an upstream error."""
+    a = answer(BROKEN, committed=committed, policy=FAIL)
+    assert (a.kind, a.outcome, a.retryable) == (AnswerKind.TERMINAL, RequestOutcome.EXHAUSTED, False)
+    assert a.reason == BROKEN.reason
+
+
+def test_by_default_a_non_stream_request_gets_an_http_error_that_says_not_to_retry() -> None:
+    a = answer(BROKEN, stream=False, policy=FAIL)
+    assert a.kind is AnswerKind.HTTP_ERROR and not a.retryable
+    assert error_of(a).code == "upstream_failed" and error_of(a).status == 502
+
+
+def test_the_terminal_error_never_hides_an_unreachable_upstream_or_a_cut_stream() -> None:
+    """``fail`` is only for broken model output: an upstream that is down stays retryable."""
+    down = Decision(Outcome.UPSTREAM_ERROR, None, (), reason="connect failed",
+                    error=UpstreamError(503, "overloaded", "upstream_error", retryable=True))
+    a = answer(down, committed=True, policy=FAIL)
+    assert a.kind is AnswerKind.STREAM_ERROR and a.retryable

@@ -121,8 +121,10 @@ CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"t
 
 @settings(max_examples=30, deadline=None)
 @given(st.text(max_size=8), st.text(max_size=8), st.none() | st.integers(0, 9))
-def test_several_values_with_their_own_ids_are_separate_calls_and_one_id_is_retried(
+def test_several_values_with_their_own_ids_are_separate_calls_and_under_one_id_fused_calls(
         c1: str, c2: str, days: int | None) -> None:
+    """Two different values under one id are two calls fused into one slot (issue 20: the *fused calls*
+    reading, the second value accepted by the one declared tool); without parallel calls, retried."""
     a: dict[str, Any] = {"city": c1}
     b: dict[str, Any] = {"city": c2} if days is None else {"city": c2, "days": days}
     ta, tb = json.dumps(a), json.dumps(b)
@@ -135,7 +137,10 @@ def test_several_values_with_their_own_ids_are_separate_calls_and_one_id_is_retr
         return
     assert calls(d) == [("act", a), ("act", b)]
     assert d.turn is not None and [c.id for c in d.turn.choices[0].tool_calls] == ["call_a", "call_b"]
-    assert one_id.outcome is Outcome.RETRY  # two different calls under one id: which? never a guess
+    assert calls(one_id) == [("act", a), ("act", b)] and K.FUSED_PARALLEL_ARGUMENTS in kinds(one_id)
+    one_serial = guard_body(sse(tools(call(0, id="call_a", name="act", args=ta)), tools(call(0, args=tb)), finish()),
+                            spec(CITY, parallel=False), POLICY)
+    assert one_serial.outcome is Outcome.RETRY or calls(one_serial) == [("act", a)]
     serial = guard_body(two_ids, spec(CITY, parallel=False), POLICY)
     assert serial.outcome is Outcome.RETRY or calls(serial) == [("act", a)]
 

@@ -20,10 +20,9 @@ from proxy.guard.events import Done, TextDelta
 from proxy.guard.policy import GuardPolicy
 from proxy.guard.stream.errors import http_error_decision
 from proxy.guard.turn import Decision, Outcome, RequestSpec
+from tests.fault_corpus import PATHS as CASES
+from tests.fault_corpus import case as fault_case
 
-CASES_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "fault-cases"
-OWN_DIR = Path(__file__).resolve().parents[2] / "corpus"
-CASES = sorted(CASES_DIR.glob("C*.json")) + sorted(OWN_DIR.glob("D*.json"))
 POLICY = GuardPolicy()
 DENSE_LIMIT = 1500
 
@@ -131,7 +130,7 @@ def check(case: dict[str, Any], decision: Decision) -> None:
 
 def test_it_mints_call_ids_in_the_documented_shape() -> None:
     """C08: a call without id gets ``call_`` + 24 alphanumerics, distinct per call."""
-    case = load(CASES_DIR / "C08.json")
+    case = fault_case("C08")
     request = RequestSpec.from_openai({"tools": case["request_tools"]})
     ids = set()
     for _ in range(3):
@@ -145,7 +144,7 @@ def test_it_mints_call_ids_in_the_documented_shape() -> None:
 
 def test_it_keeps_provider_extension_fields_on_calls() -> None:
     """C10: Gemini's ``extra_content`` (thought signature) stays attached to the call."""
-    case = load(CASES_DIR / "C10.json")
+    case = fault_case("C10")
     decision, _ = run(body_of(case), RequestSpec.from_openai({"tools": case["request_tools"]}))
     assert decision.turn is not None
     extra = decision.turn.choices[0].tool_calls[0].extra
@@ -157,7 +156,7 @@ def test_it_aborts_early_on_the_fatal_corpus_cases() -> None:
     from proxy.guard.events import Abort
 
     for name in ("C41", "C43", "C45"):
-        case = load(CASES_DIR / f"{name}.json")
+        case = fault_case(name)
         guard = AttemptGuard(RequestSpec.from_openai({"tools": case["request_tools"]}), POLICY)
         events = guard.feed(body_of(case))
         aborts = [e for e in events if isinstance(e, Abort)]

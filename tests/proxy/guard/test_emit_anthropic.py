@@ -221,6 +221,23 @@ def test_it_ends_a_failed_stream_with_an_error_event_the_sdk_raises() -> None:
     assert em.close(full_turn()) == b"" and em.text(0, "content", "x") == b""
 
 
+@pytest.mark.parametrize("text", ["", "Let me check"])
+def test_the_terminal_error_follows_a_content_block_and_is_not_retryable(text: str) -> None:
+    """``close_terminal``: after at least one content block (an empty text block when nothing was sent,
+    so Claude Code does not fall back to a non-stream request), ``event: error`` of type
+    ``invalid_request_error``; the SDK raises with the message; nothing can follow it."""
+    em = emitter()
+    data = em.open() + em.text(0, "content", text) + em.close_terminal("[toolrelay] failed")
+    seen = events(data)
+    names = [name for name, _ in seen]
+    assert names.count("content_block_start") == 1 and names.count("content_block_stop") == 1
+    assert names[-1] == "error" and "message_stop" not in names and "message_delta" not in names
+    assert seen[-1][1] == {"type": "error", "error": {"type": "invalid_request_error", "message": "[toolrelay] failed"}}
+    with pytest.raises(anthropic.APIStatusError, match="toolrelay"):
+        final_message(data)
+    assert em.close(full_turn()) == b"" and em.close_terminal("again") == b""
+
+
 def test_it_answers_exhaustion_with_a_terminal_text_block_and_end_turn() -> None:
     em = emitter()
     data = em.open() + em.text(0, "reasoning", "hmm") + em.text(0, "content", "Let me") + em.close_exhausted(
@@ -327,3 +344,38 @@ def test_a_non_stream_message_has_no_blank_text_block_before_a_tool_use() -> Non
     assert [b["type"] for b in emitter().complete(turn)["content"]] == ["tool_use"]
     plain = Turn(choices=[ChoiceTurn(content="\n", finish_reason="stop")])
     assert emitter().complete(plain)["content"] == [{"type": "text", "text": "\n"}]
+
+
+def test_it_carries_the_cache_fields_of_every_upstream_family() -> None:
+    """Issue 19 item 1: DeepSeek's hit/miss and Qwen's cache writes reach Claude Code as Anthropic's cache
+    fields (``input_tokens`` without them); ``message_start`` carries the request's input estimate."""
+    usage = {"prompt_tokens": 1000, "completion_tokens": 20, "prompt_cache_hit_tokens": 700,
+             "prompt_cache_miss_tokens": 300, "prompt_tokens_details": {"cache_creation_input_tokens": 200}}
+    em = AnthropicMessagesEmitter(model="claude", input_tokens=987)
+    data = stream(em, Turn(choices=[ChoiceTurn(content="hi", finish_reason="stop")], usage=usage))
+    start = next(d for name, d in events(data) if name == "message_start")
+    assert start["message"]["usage"]["input_tokens"] == 987
+    delta = next(d for name, d in events(data) if name == "message_delta")
+    assert delta["usage"] == {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 700,
+                              "cache_creation_input_tokens": 200}
+    final = final_message(data).usage
+    assert (final.cache_read_input_tokens, final.cache_creation_input_tokens) == (700, 200)
+
+
+def test_it_starts_with_the_upstreams_early_prompt_count_and_never_after_the_start() -> None:
+    """``message_start`` carries an early upstream usage (cache reads apart); a usage without a prompt
+    count, or one after the stream opened, leaves it as it was (issue 23 item 3)."""
+    from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter
+
+    emitter = AnthropicMessagesEmitter(model="m", input_tokens=50)
+    emitter.early_usage({"completion_tokens": 3})
+    emitter.early_usage({"prompt_tokens": 900, "completion_tokens": 1,
+                         "prompt_tokens_details": {"cached_tokens": 600}})
+    start = json.loads(emitter.open().split(b"data: ", 1)[1])["message"]["usage"]
+    assert start == {"input_tokens": 300, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                     "cache_read_input_tokens": 600}
+    emitter.early_usage({"prompt_tokens": 5})
+    assert emitter.open() == b""
+    plain = AnthropicMessagesEmitter(model="m", input_tokens=50)
+    plain.early_usage({"completion_tokens": 3})
+    assert json.loads(plain.open().split(b"data: ", 1)[1])["message"]["usage"]["input_tokens"] == 50

@@ -337,6 +337,16 @@ def test_it_closes_with_an_in_stream_error_and_no_done() -> None:
     assert b"[DONE]" not in data and data.endswith(b"}\n\n") and data.isascii()
 
 
+def test_the_terminal_error_is_an_error_chunk_openai_python_raises() -> None:
+    """``close_terminal``: the error chunk with code ``upstream_failed``, no finish reason, no ``[DONE]``."""
+    em = emitter()
+    data = em.text(0, "content", "hi") + em.close_terminal("[toolrelay] failed")
+    assert json.loads(sse_data(data)[-1]) == {"error": {"message": "[toolrelay] failed", "type": "upstream_error",
+                                                        "param": None, "code": "upstream_failed"}}
+    assert b"[DONE]" not in data and b"finish_reason\":\"" not in data
+    assert em.close_terminal("again") == b""
+
+
 def test_it_builds_a_valid_non_stream_completion() -> None:
     """``complete(turn)`` validates as ChatCompletion (PROTOCOLS.md 1.2)."""
     em = emitter()

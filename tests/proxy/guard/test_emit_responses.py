@@ -169,6 +169,18 @@ def test_it_answers_exhaustion_with_a_completed_response_holding_a_message() -> 
     assert response.status == "completed"
 
 
+def test_the_terminal_error_is_response_failed_with_invalid_prompt() -> None:
+    """``close_terminal``: ``response.failed`` with code ``invalid_prompt`` (the code Codex shows as sent and
+    does not reconnect on), the open message item completed first."""
+    em = emitter()
+    data = em.open() + em.text(0, "content", "partial") + em.close_terminal("[toolrelay] failed")
+    seen = events(data)
+    assert seen[-1]["type"] == "response.failed"
+    assert seen[-1]["response"]["error"] == {"code": "invalid_prompt", "message": "[toolrelay] failed"}
+    assert "response.output_item.done" in [e["type"] for e in seen]
+    assert em.close(full_turn()) == b"" and em.close_terminal("again") == b""
+
+
 def test_it_ends_a_failed_stream_with_response_failed() -> None:
     """PROTOCOLS.md 3.4 / 5.3: ``response.failed`` with ``response.error {code, message}``."""
     em = emitter()

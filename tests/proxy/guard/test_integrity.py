@@ -22,6 +22,7 @@ from proxy.guard.events import Done
 from proxy.guard.findings import Action, FindingKind
 from proxy.guard.stream.integrity import _one_edit
 from proxy.guard.turn import Decision, Outcome, RequestSpec, ToolSpec
+from tests.fault_corpus import PATHS
 
 from .builders import POLICY, TOOLS, call, choice, chunk, finish, kinds, sse, text, tools
 
@@ -285,8 +286,7 @@ def test_a_mutated_stream_delivers_the_clean_calls_or_is_retried(args: list[dict
 
 # -- the same invariant over the corpus (a seeded mutator, a few mutations per case) ------------------------
 
-CORPUS = sorted((Path(__file__).resolve().parents[3].parent / "shared" / "fault-cases").glob("C*.json")) \
-    + sorted((Path(__file__).resolve().parents[2] / "corpus").glob("D*.json"))
+CORPUS = PATHS
 MUTATIONS_PER_CASE = 4
 
 

@@ -27,25 +27,25 @@ WORDINGS = [
     ("'max_tokens' or 'max_completion_tokens' is too large: 8192. This model's maximum context length is 32768 "
      "tokens and your request has 30000 input tokens (8192 > 32768 - 30000).", ContextOverflow(32768, 30000, 8192)),
     ("This model's maximum context length is 8192 tokens. However, your messages resulted in 9001 tokens. "
-     "Please reduce the length of the messages.", ContextOverflow(8192, 9001, None)),
+     "Please reduce the length of the messages.", ContextOverflow(8192, 9001, None, input_only=True)),
     ("Requested token count exceeds the model's maximum context length of 131072 tokens. You requested a total of "
      "140000 tokens: 136000 tokens from the input messages and 4000 tokens for the completion.",
      ContextOverflow(131072, 136000, 4000)),
     ("The input (345516 tokens) is longer than the model's context length (262144 tokens). (request_id=req_1)",
-     ContextOverflow(262144, 345516, None)),
+     ContextOverflow(262144, 345516, None, input_only=True)),
     ("request (4213 tokens) exceeds the available context size (4096 tokens), try increasing it",
-     ContextOverflow(4096, 4213, None)),
-    ("the request exceeds the available context size, try increasing it", ContextOverflow()),
+     ContextOverflow(4096, 4213, None, input_only=True)),
+    ("the request exceeds the available context size, try increasing it", ContextOverflow(input_only=True)),
     ("Invalid request: Your request exceeded model token limit: 262144 (requested: 269030)",
-     ContextOverflow(262144, 269030, None)),
+     ContextOverflow(262144, None, None, total=269030)),
     ("<400> InternalError.Algo.InvalidParameter: Range of input length should be [1, 129024]",
-     ContextOverflow(129024, None, None)),
-    ("Prompt exceeds max length", ContextOverflow()),
+     ContextOverflow(129024, None, None, input_only=True)),
+    ("Prompt exceeds max length", ContextOverflow(input_only=True)),
     ("Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum context length",
      ContextOverflow(32768, 40000, None)),
     ("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens "
      "and 500 `max_new_tokens`", ContextOverflow(4096, 4000, 500)),
-    ("prompt is too long: 230000 tokens > 200000 maximum", ContextOverflow(200000, 230000, None)),
+    ("prompt is too long: 230000 tokens > 200000 maximum", ContextOverflow(200000, 230000, None, input_only=True)),
 ]
 
 

@@ -90,12 +90,28 @@ def test_it_says_when_the_client_has_an_event_not_dispatched_yet() -> None:
     assert not check.half_sent
 
 
-def test_it_notes_an_echoed_credential_without_changing_a_byte() -> None:
-    """An answer carrying toolrelay's upstream credential is forwarded as it is and becomes a finding."""
+def test_an_echoed_credential_is_redacted_and_noted() -> None:
+    """Issue 24 item 12: an answer carrying toolrelay's upstream credential never reaches the client with it:
+    the credential becomes ``[redacted]`` (the rest of the bytes unchanged) and a finding says so."""
     body = chunk("your key is sk-upstream-0042") + b"data: [DONE]\n\n"
     check = PassCheck(secrets=["sk-upstream-0042"])
-    assert check.feed(body) == body
+    assert check.feed(body) == body.replace(b"sk-upstream-0042", b"[redacted]")
     assert [f.kind for f in check.finish()] == [K.CREDENTIAL_REFLECTED]
+
+
+@given(st.integers(min_value=1, max_value=60))
+def test_a_credential_split_across_chunks_is_still_redacted(size: int) -> None:
+    body = chunk("key sk-upstream-0042 and sk-upstream-0042 again") + b"data: [DONE]\n\n"
+    check = PassCheck(secrets=["sk-upstream-0042"])
+    out = b"".join(check.feed(body[i : i + size]) for i in range(0, len(body), size))
+    assert b"sk-upstream" not in out and out == body.replace(b"sk-upstream-0042", b"[redacted]")
+    assert K.CREDENTIAL_REFLECTED in [f.kind for f in check.finish()]
+
+
+def test_a_clean_answer_is_forwarded_byte_for_byte_with_secrets_set() -> None:
+    body = chunk("nothing to see") + b"data: [DONE]\n\n"
+    check = PassCheck(secrets=["sk-upstream-0042"])
+    assert check.feed(body) == body and check.finish() == []
 
 
 def test_it_bounds_what_it_holds() -> None:

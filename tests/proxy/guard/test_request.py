@@ -46,3 +46,26 @@ def test_it_names_the_field_an_openai_chat_client_must_fix(body: dict[str, Any],
     with pytest.raises(RequestInvalid) as refused:
         check_chat_fields(body)
     assert refused.value.param == param
+
+
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+def test_a_declared_name_over_64_characters_is_refused_naming_its_position() -> None:
+    """Issue 24 item 2: names have no other bound, and the guard reads each per choice and attempt."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [_named("ok"), _named("n" * 65)]}
+    with pytest.raises(RequestInvalid) as refused:
+        prepare(body)
+    assert refused.value.param == "tools[1].function.name" and "65 characters long" in refused.value.message
+    body["tools"] = [_named("ok"), _named("n" * 64)]
+    assert prepare(body).spec.names == frozenset({"ok", "n" * 64})
+
+
+def test_translators_refuse_client_names_past_their_bound_and_shorten_the_rest() -> None:
+    from proxy.guard.protocols.translate import MAX_CLIENT_TOOL_NAME, TranslationError, upstream_tool_name
+
+    assert len(upstream_tool_name("m" * MAX_CLIENT_TOOL_NAME)) == 64
+    with pytest.raises(TranslationError) as refused:
+        upstream_tool_name("m" * (MAX_CLIENT_TOOL_NAME + 1))
+    assert refused.value.param == "tools"
