@@ -59,12 +59,14 @@ def session(server: ProxyServer, api_key: str, marker: str, turns: int, *, heade
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {marker}"}]
     extra = {"x-session-id": header} if header else {}
     with openai.OpenAI(base_url=server.v1, api_key=api_key, max_retries=0, default_headers=extra) as client:
-        for _ in range(turns):
+        for turn in range(turns):
             answer = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
             message = answer.choices[0].message
             assert message.tool_calls, message
             messages.append(message.model_dump(exclude_none=True))
-            messages += [{"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in message.tool_calls]
+            # Results differ turn by turn: the generator may repeat a call, and a call repeated with the
+            # same result three times is a loop that toolrelay stops (docs/loops.md).
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {turn}"} for c in message.tool_calls]
 
 
 def used(simulator: Any, marker: str, keys: dict[str, str]) -> list[str]:

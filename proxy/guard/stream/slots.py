@@ -39,7 +39,7 @@ class SlotClosed:
 class Args:
     """The argument fragments of one slot, with incremental views: concatenation and snapshot chain."""
 
-    __slots__ = ("frags", "concat", "snap", "last", "chain", "nonblank", "had_object", "had_string")
+    __slots__ = ("frags", "concat", "snap", "last", "chain", "nonblank", "had_object", "had_string", "_checked")
 
     def __init__(self) -> None:
         self.frags: list[str] = []
@@ -50,6 +50,7 @@ class Args:
         self.nonblank = 0
         self.had_object = False
         self.had_string = False
+        self._checked: tuple[int, bool] = (-1, True)  # (fragments seen, whether the concatenation parsed)
 
     def add(self, frag: str) -> None:
         """Append one fragment, advancing both views."""
@@ -84,10 +85,28 @@ class Args:
         """True when >= 2 non-empty fragments each extended the previous one (C14)."""
         return self.snap is not None and self.chain >= 2
 
+    def _concat_complete(self) -> bool:
+        """The concatenation's structural completeness, trusted in snapshot mode only when it parses.
+
+        ``JsonPrefix`` tracks strings and nesting, not grammar: snapshots ``{"`` then ``{"city": " }``
+        concatenate to ``{"{"city": " }``, balanced but not JSON. While every fragment extends the
+        previous one the snapshot chain is the likelier reading, so a balanced concatenation that does
+        not parse must not close the slot (the next snapshot would open a call of its own). Parsed
+        once per fragment count."""
+        if not self.concat.complete:
+            return False
+        if not self.snapshot_mode:
+            return True
+        seen, ok = self._checked
+        if seen != len(self.frags):
+            ok = parses(self.text)
+            self._checked = (len(self.frags), ok)
+        return ok
+
     @property
     def complete(self) -> bool:
         """True when some interpretation already forms a complete JSON object/array."""
-        return self.concat.complete or (self.snapshot_mode and self.snap is not None and self.snap.complete)
+        return self._concat_complete() or (self.snapshot_mode and self.snap is not None and self.snap.complete)
 
     @property
     def dead(self) -> bool:
@@ -101,7 +120,7 @@ class Args:
 
     def current(self) -> str:
         """The text the arguments amount to now (C14: last snapshot when concatenation fails)."""
-        if self.concat.complete or not self.snapshot_mode:
+        if not self.snapshot_mode or self._concat_complete():
             return self.text
         if self.concat.state == OPAQUE and parses(self.text):
             return self.text

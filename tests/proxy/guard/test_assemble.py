@@ -89,6 +89,27 @@ def test_cumulative_snapshots_read_as_the_last(sa: tuple[dict[str, Any], dict[st
         assert K.CUMULATIVE_ARGUMENTS_SNAPSHOTS in kinds(d)
 
 
+BRACY = st.text(alphabet='ab {}[]":,', max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(BRACY, min_size=2, max_size=3, unique=True), st.lists(cuts_st, min_size=3, max_size=3))
+def test_snapshots_with_brackets_in_strings_keep_parallel_calls_at_one_index_apart(
+        cities: list[str], cuts: list[list[int]]) -> None:
+    """Snapshots ``{"`` then ``{"city": " }`` concatenate to balanced text that is not JSON; the call must
+    not close there, or the next snapshot opens a call of its own (found by the mangled-turn property)."""
+    frames: list[Any] = []
+    for i, (city, cs) in enumerate(zip(cities, cuts, strict=False)):
+        text = json.dumps({"city": city})
+        points = sorted({c % len(text) for c in cs if c % len(text) > 0})
+        snaps = [text[:p] for p in points] + [text]
+        frames += [tools(call(0, id=f"call_{i}", name="get", args="")),
+                   tools(call(0, name="_weather", args=snaps[0], type=MISSING)),
+                   *[tools(call(0, args=s, type=MISSING)) for s in snaps[1:]]]
+    d = guard_body(sse(*frames, finish()), TOOLS, POLICY)
+    assert calls(d) == [("get_weather", {"city": c}) for c in cities]
+
+
 @settings(max_examples=40, deadline=None)
 @given(schema_and_args(), cuts_st, st.booleans())
 def test_a_complete_value_repeated_is_one_call(sa: tuple[dict[str, Any], dict[str, Any]], cuts: list[int],
