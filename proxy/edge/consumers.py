@@ -37,6 +37,7 @@ from proxy.edge.protocols import (
     ClientProtocol,
     Prepared,
     estimate_tokens,
+    listing_protocol,
     translated,
 )
 from proxy.edge.response import ClientResponse
@@ -284,12 +285,13 @@ async def relay(consumer: ProxyConsumer, body: bytes) -> None:
     estimate = max(1, len(body) // CHARS_PER_TOKEN)  # the client's bytes: O(1), no JSON encoding on the path
     call = RelayCall(principal=principal, plan=plan, request=prepared.request,
                      emitter=protocol.emitter(data, prepared), protocol=protocol.name,
+                     passes_through=protocol.passes_through,
                      user_agent=header(consumer.scope, b"user-agent"), dropped=prepared.dropped,
                      session=session_id(consumer.scope.get("headers", ()), tenant=principal.tenant_id,
                                         key=principal.api_key_id, messages=prepared.request.body.get("messages")),
                      prompt_estimate=estimate)
     try:
-        admission = await routed(call, estimate=estimate, anthropic=protocol is ANTHROPIC_MESSAGES)
+        admission = await routed(call, estimate=estimate, anthropic=protocol.anthropic_headers)
     except RequestError as exc:
         refused(call, response, status=exc.status, error=exc.message)
         spans.current().event(semconv.EVENT_LIMIT, **{semconv.LIMIT_CODE: str(exc.code or exc.status)})
@@ -406,7 +408,7 @@ async def models(consumer: ProxyConsumer, body: bytes) -> None:
     4.1), else OpenAI's."""
     hops_checked(consumer.scope)
     principal = await principal_of(consumer.scope)
-    protocol = ANTHROPIC_MESSAGES if header(consumer.scope, b"anthropic-version") else OPENAI_CHAT
+    protocol = listing_protocol(header(consumer.scope, b"anthropic-version"))
     names = [n for n in principal.model_names() if principal.allows(n)]
     if principal.default_target is not None:
         routed = set(names)

@@ -2,10 +2,12 @@
 
 A protocol turns its client's request into a prepared chat.completions request (``prepare``), picks
 the emitter that renders the answer (``emitter``), writes HTTP errors in its protocol
-(``error_body``) and lists models in its format (``models_listing``). The consumer
-(``proxy.edge.consumers.ProxyConsumer``) is parameterized by one; a fourth protocol needs a
-``ClientProtocol`` subclass, a
-translator and an emitter, and no consumer code.
+(``error_body``), lists models in its format (``models_listing``) and says what else differs: whether
+an upstream's bytes may reach its clients unchanged (``passes_through``), the rate-limit header names
+(``anthropic_headers``), the error types of a 404 and a 403. The relay and the consumer ask it and never
+compare protocols; the protocol a ``GET /v1/models`` answers in is chosen here too (``listing_protocol``).
+The consumer (``proxy.edge.consumers.ProxyConsumer``) is parameterized by one; a fourth protocol needs a
+``ClientProtocol`` subclass, a translator and an emitter, and no consumer or relay code.
 
 - ``OPENAI_CHAT``: OpenAI Chat Completions (PROTOCOLS.md 1), identity translation, the client's bytes
   kept for the byte-exact pass-through;
@@ -26,6 +28,7 @@ from proxy.guard.protocols.emit import Emitter
 from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter
 from proxy.guard.protocols.emit_anthropic import error_body as anthropic_error_body
 from proxy.guard.protocols.emit_openai import OpenAIChatEmitter
+from proxy.guard.protocols.emit_openai import error_body as openai_error_body
 from proxy.guard.protocols.emit_responses import OpenAIResponsesEmitter
 from proxy.guard.protocols.translate import TranslationError
 from proxy.guard.protocols.translate_anthropic import translate_messages
@@ -73,6 +76,11 @@ class ClientProtocol:
     """OpenAI Chat Completions; the other protocols override what differs."""
 
     name = "openai-chat"
+    #: The upstreams speak this protocol: a request without ``tools`` may take their bytes unchanged
+    #: (``proxy.relay.loop.RelayCall.forwards_raw``); the others are translated frame by frame.
+    passes_through = True
+    #: Rate-limit headers under Anthropic's names (``anthropic-ratelimit-*``, ``proxy.policy.limits``).
+    anthropic_headers = False
     #: Error ``type`` for an unknown model (OpenAI: ``invalid_request_error``, Anthropic: ``not_found_error``).
     not_found_type = "invalid_request_error"
     #: Error ``type`` of a 403 (a model this key may not use): OpenAI ``permission_error``, Anthropic the same.
@@ -91,7 +99,7 @@ class ClientProtocol:
     def error_body(self, status: int, message: str, *, type: str, param: str | None = None,
                    code: str | None = None) -> dict[str, Any]:
         """OpenAI's error shape ``{"error":{"message","type","param","code"}}`` (PROTOCOLS.md 1.6)."""
-        return {"error": {"message": message, "type": type, "param": param, "code": code}}
+        return openai_error_body(status, message, type=type, param=param, code=code)
 
     def models_listing(self, names: list[str], owner: str) -> dict[str, Any]:
         """``GET /v1/models`` in OpenAI's list format."""
@@ -103,6 +111,8 @@ class AnthropicMessagesProtocol(ClientProtocol):
     """Anthropic Messages (``POST /v1/messages``; Claude Code calls ``/v1/messages?beta=true``)."""
 
     name = "anthropic-messages"
+    passes_through = False
+    anthropic_headers = True
     not_found_type = "not_found_error"
 
     def prepare(self, data: dict[str, Any], raw: bytes) -> Prepared:
@@ -130,6 +140,7 @@ class OpenAIResponsesProtocol(ClientProtocol):
     """OpenAI Responses (``POST /v1/responses``; Codex CLI). Errors in OpenAI's shape (1.6)."""
 
     name = "openai-responses"
+    passes_through = False
 
     def prepare(self, data: dict[str, Any], raw: bytes) -> Prepared:
         t = translated(translate_responses, data)
@@ -143,3 +154,9 @@ class OpenAIResponsesProtocol(ClientProtocol):
 OPENAI_CHAT = ClientProtocol()
 ANTHROPIC_MESSAGES = AnthropicMessagesProtocol()
 OPENAI_RESPONSES = OpenAIResponsesProtocol()
+
+
+def listing_protocol(anthropic_version: str) -> ClientProtocol:
+    """The protocol of a ``GET /v1/models`` answer: Anthropic's for a request carrying ``anthropic-version``
+    (its value; Claude Code's gateway model discovery, PROTOCOLS.md 4.1), else OpenAI's."""
+    return ANTHROPIC_MESSAGES if anthropic_version else OPENAI_CHAT

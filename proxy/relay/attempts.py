@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from audit import records as audit
@@ -64,17 +65,69 @@ def parameter_refused_detail(refused: Refused) -> str:
 OUTPUT_BYTES_PER_TOKEN = 16
 
 
-def usage_fields(raw: Any, *, answered: bool, prompt_estimate: int, bytes_received: int) -> dict[str, Any]:
-    """The audit fields of an attempt's upstream ``raw`` usage object (``proxy.guard.checks.usage``): token
-    counts, ``usage_estimated`` and one ``usage-invalid`` finding per refused field (``findings_extra``). An
-    attempt the upstream ``answered`` (200 with bytes) without usable usage is estimated: the request's
-    ``prompt_estimate`` and ``bytes_received`` / ``OUTPUT_BYTES_PER_TOKEN``; one it did not answer cost nothing."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One upstream call as it ended, what ``AttemptLog.add`` makes an ``audit.AttemptRecord`` of.
+
+    ``outcome`` is the guard's verdict (its value is the record's and the journal's ``outcome``: ``clean``,
+    ``normalized``, ``repaired``, ``retry``, ``upstream-error``); ``started`` / ``ended`` are monotonic
+    seconds (``ended`` None: now); ``upstream_status`` None when no answer came (a transport failure);
+    ``usage`` the upstream's raw usage object of an answer (read, bounded, estimated and priced by ``add``);
+    ``ttfb_ms`` milliseconds to the first upstream byte; ``body`` the raw upstream body (redacted by ``add``)."""
+
+    target: UpstreamTarget
+    outcome: Outcome
+    started: float
+    ended: float | None = None
+    upstream_status: int | None = None
+    findings: Sequence[Finding] = ()
+    abort_reason: str = ""
+    usage: Any = None
+    ttfb_ms: float | None = None
+    bytes_received: int = 0
+    frames: int = 0
+    body: bytes = b""
+
+    @classmethod
+    def answered(cls, target: UpstreamTarget, started: float, decision: Decision, *, bytes_received: int,
+                 frames: int = 0, body: bytes = b"", ttfb_ms: float | None = None,
+                 findings: Sequence[Finding] | None = None, abort_reason: str | None = None) -> UpstreamCall:
+        """A 200 answer the guard judged (``decision``): its outcome, findings (``findings`` in their place when
+        given), the reason of an unusable turn (``abort_reason`` in its place when given) and the turn's usage."""
+        return cls(target, decision.outcome, started, upstream_status=200,
+                   findings=decision.findings if findings is None else findings,
+                   abort_reason=("" if decision.usable else decision.reason) if abort_reason is None else abort_reason,
+                   usage=decision.turn.usage if decision.turn is not None else None, ttfb_ms=ttfb_ms,
+                   bytes_received=bytes_received, frames=frames, body=body)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Tokens:
+    """An answered call's tokens, their estimate flag, the usage findings and its cost (``billing``)."""
+
+    usage: Usage
+    findings: tuple[Finding, ...]
+    cost_usd: float | None  # None: no price for its model (unpriced)
+
+    def fields(self) -> dict[str, Any]:
+        usage = self.usage
+        return {"prompt_tokens": usage.prompt or 0, "completion_tokens": usage.completion or 0,
+                "cache_read_tokens": usage.cache_read, "cache_write_tokens": usage.cache_write,
+                "reasoning_tokens": usage.reasoning, "usage_estimated": usage.estimated, "cost_usd": self.cost_usd}
+
+
+def read_tokens(raw: Any, *, answered: bool, prompt_estimate: int, bytes_received: int) -> tuple[Usage,
+                                                                                               tuple[Finding, ...]]:
+    """An attempt's upstream ``raw`` usage object read (``proxy.guard.checks.usage``), and one ``usage-invalid``
+    finding per refused field. An attempt the upstream ``answered`` (200 with bytes) without usable usage is
+    estimated: the request's ``prompt_estimate`` and ``bytes_received`` / ``OUTPUT_BYTES_PER_TOKEN``; one it did
+    not answer cost nothing."""
     usage = read_usage(raw)
     if not usage.known and answered:
         usage = usage.with_estimate(prompt_estimate, bytes_received // OUTPUT_BYTES_PER_TOKEN)
     extra = tuple(Finding(FindingKind.USAGE_INVALID, Severity.WARNING, Action.NORMALIZED, text[:500])
                   for text in usage.anomalies)
-    return {"usage": usage, "findings_extra": extra}
+    return usage, extra
 
 
 class AttemptLog:
@@ -99,43 +152,41 @@ class AttemptLog:
             self._secrets = frozenset().union(*(secrets_of(t) for t in self._targets))
         return self._secrets
 
-    def add(self, target: UpstreamTarget, outcome: str, started: float, *, ended: float | None = None,
-            usage: Any = None, **fields: Any) -> audit.AttemptRecord:
-        """Record one upstream call (``fields`` as ``audit.AttemptRecord``); ``body`` is redacted. ``usage``: the
-        upstream's usage object of an answer (200), read and bounded, estimated when unusable, priced."""
-        if fields.get("upstream_status") == 200 or usage is not None:
-            fields = self._usage(target, usage, fields)
-        ttfb = fields.get("ttfb_ms")
-        metrics.observe_attempt(self.labels, upstream=target.name, outcome=outcome,
-                                ttfb=ttfb / 1000 if ttfb is not None else None,
-                                findings=[f.kind.value for f in fields.get("findings", ())])
-        if fields.get("body"):  # surrogateescape: undecodable upstream bytes come back exactly
-            fields["body"] = redact(fields["body"].decode("utf-8", "surrogateescape"),
-                                    self.secrets).encode("utf-8", "surrogateescape")
-        if fields.get("abort_reason"):
-            fields["abort_reason"] = redact(fields["abort_reason"], self.secrets)
-        duration = ((ended if ended is not None else time.monotonic()) - started) * 1000
-        record = audit.AttemptRecord(number=len(self.all), upstream_id=target.upstream_id,
-                                     upstream_model=target.model, outcome=outcome, duration_ms=duration, **fields)
+    def add(self, call: UpstreamCall) -> audit.AttemptRecord:
+        """Record one upstream call, numbered in call order: its body and abort reason redacted; the usage
+        of an answer (200, or any call with a usage object) read and bounded, estimated when unusable, priced."""
+        target, findings = call.target, call.findings
+        tokens = self._tokens(call) if call.upstream_status == 200 or call.usage is not None else None
+        if tokens is not None and tokens.findings:
+            findings = (*findings, *tokens.findings)
+        metrics.observe_attempt(self.labels, upstream=target.name, outcome=call.outcome.value,
+                                ttfb=call.ttfb_ms / 1000 if call.ttfb_ms is not None else None,
+                                findings=[f.kind.value for f in findings])
+        body = call.body  # surrogateescape: undecodable upstream bytes come back exactly
+        if body:
+            body = redact(body.decode("utf-8", "surrogateescape"), self.secrets).encode("utf-8", "surrogateescape")
+        duration = ((call.ended if call.ended is not None else time.monotonic()) - call.started) * 1000
+        record = audit.AttemptRecord(
+            number=len(self.all), upstream_id=target.upstream_id, upstream_model=target.model,
+            outcome=call.outcome.value, duration_ms=duration, upstream_status=call.upstream_status,
+            abort_reason=redact(call.abort_reason, self.secrets) if call.abort_reason else call.abort_reason,
+            ttfb_ms=call.ttfb_ms, bytes_received=call.bytes_received, frames=call.frames, findings=findings,
+            body=body, **(tokens.fields() if tokens is not None else {}))
         self.all.append(record)
         self.upstreams.append(target.name)
         audit.attempt_finished(request=self.record, attempt=record)
         self.trace.call_recorded(target, record, self.labels)
         return record
 
-    def _usage(self, target: UpstreamTarget, raw: Any, fields: dict[str, Any]) -> dict[str, Any]:
-        """``fields`` with the attempt's tokens, their estimate flag, usage findings and cost (``billing``)."""
-        answered = fields.get("upstream_status") == 200 and bool(fields.get("bytes_received"))
-        read = usage_fields(raw, answered=answered, prompt_estimate=self.prompt_estimate,
-                            bytes_received=fields.get("bytes_received") or 0)
-        usage: Usage = read["usage"]
-        if read["findings_extra"]:
-            fields["findings"] = (*fields.get("findings", ()), *read["findings_extra"])
+    def _tokens(self, call: UpstreamCall) -> _Tokens:
+        """The call's tokens, their estimate flag, usage findings and cost (``billing``)."""
+        answered = call.upstream_status == 200 and bool(call.bytes_received)
+        usage, extra = read_tokens(call.usage, answered=answered, prompt_estimate=self.prompt_estimate,
+                                   bytes_received=call.bytes_received or 0)
+        target = call.target
         cost = price_book().cost(usage, model=target.model, upstream=target.name) \
             if usage.prompt or usage.completion else 0.0
-        return {**fields, "prompt_tokens": usage.prompt or 0, "completion_tokens": usage.completion or 0,
-                "cache_read_tokens": usage.cache_read, "cache_write_tokens": usage.cache_write,
-                "reasoning_tokens": usage.reasoning, "usage_estimated": usage.estimated, "cost_usd": cost}
+        return _Tokens(usage, extra, cost)
 
     def scrub(self, decision: Decision) -> Decision:
         """``decision`` with upstream credentials redacted from its findings, reason and error."""
@@ -159,13 +210,15 @@ class AttemptLog:
             finding = Finding(FindingKind.UPSTREAM_PARAMETER_REFUSED, Severity.WARNING, Action.RETRY,
                               redact(parameter_refused_detail(refusal.refused), self.secrets),
                               fragment=redact(refusal.refused.message, self.secrets))
-            self.add(target, "upstream-error", refusal.started, ended=refusal.ended, upstream_status=refusal.status,
-                     findings=(finding,), abort_reason=finding.detail, body=refusal.body)
+            self.add(UpstreamCall(target, Outcome.UPSTREAM_ERROR, refusal.started, ended=refusal.ended,
+                                  upstream_status=refusal.status, findings=(finding,), abort_reason=finding.detail,
+                                  body=refusal.body))
 
     def _http_record(self, target: UpstreamTarget, refusal: Refusal) -> Decision:
         decision = self.scrub(http_error_decision(refusal.status, refusal.body, refusal.headers))
-        self.add(target, "upstream-error", refusal.started, ended=refusal.ended, upstream_status=refusal.status,
-                 findings=decision.findings, abort_reason=decision.reason, body=refusal.body)
+        self.add(UpstreamCall(target, Outcome.UPSTREAM_ERROR, refusal.started, ended=refusal.ended,
+                              upstream_status=refusal.status, findings=decision.findings,
+                              abort_reason=decision.reason, body=refusal.body))
         return decision
 
     async def http_failure(self, target: UpstreamTarget, started: float, response: UpstreamResponse) -> Decision:
@@ -178,6 +231,6 @@ class AttemptLog:
         """Record a connection failure or timeout and return its decision (scrubbed: an httpx error about an
         illegal header value quotes the value, which may be a secret)."""
         decision = self.scrub(failure_decision(exc))
-        self.add(target, "upstream-error", started, abort_reason=decision.reason, findings=decision.findings,
-                 upstream_status=upstream_status)
+        self.add(UpstreamCall(target, Outcome.UPSTREAM_ERROR, started, upstream_status=upstream_status,
+                              findings=decision.findings, abort_reason=decision.reason))
         return decision

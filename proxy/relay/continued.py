@@ -28,7 +28,8 @@ from proxy.guard.decisions.answer import RequestOutcome, broken_off
 from proxy.guard.decisions.continuation import Shape, continuation_body, may_continue
 from proxy.guard.findings import Action, Finding, FindingKind, Severity
 from proxy.guard.stream.seam import Stitcher, Transcript
-from proxy.guard.turn import Decision, UpstreamError
+from proxy.guard.turn import Decision, Outcome, UpstreamError
+from proxy.relay.attempts import UpstreamCall
 from proxy.upstreams.client import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
 from tenants.principal import UpstreamTarget
 
@@ -93,7 +94,8 @@ class PassSeam:
                 return _Leg(error=decision.error, cause=decision.reason)
             if not _event_stream(upstream):
                 reason = "the continuation's answer is not an event stream"
-                path.log.add(target, "upstream-error", started, upstream_status=200, abort_reason=reason)
+                path.log.add(UpstreamCall(target, Outcome.UPSTREAM_ERROR, started, upstream_status=200,
+                                          abort_reason=reason))
                 return _Leg(cause=reason)
             check = PassCheck(max_line=settings.MAX_SSE_LINE_BYTES, secrets=path.log.secrets)
             stitch = Stitcher(transcript.identity, max_event=settings.MAX_SSE_LINE_BYTES)
@@ -112,11 +114,11 @@ class PassSeam:
                 FindingKind.TEXT_CONTINUED, Severity.INFO, Action.NORMALIZED,
                 f"the stream was cut after {delivered} characters of text ({cause[:200]}); continued from exactly "
                 f"that text ({shape.value}), continuation {self.count} of at most {settings.TEXT_CONTINUATIONS_MAX}"))
-        fatal = next((f.detail for f in findings if f.fatal), "")
-        path.log.add(target, "normalized" if done else "upstream-error", started, upstream_status=200,
-                     bytes_received=size, frames=check.frames, usage=check.usage, findings=tuple(findings),
-                     abort_reason="" if done else (fatal or "the continuation was cut too"))
-        return _Leg(done=done, cause="" if done else (fatal or "the continuation was cut too"))
+        cut = "" if done else next((f.detail for f in findings if f.fatal), "") or "the continuation was cut too"
+        path.log.add(UpstreamCall(target, Outcome.NORMALIZED if done else Outcome.UPSTREAM_ERROR, started,
+                                  upstream_status=200, bytes_received=size, frames=check.frames, usage=check.usage,
+                                  findings=tuple(findings), abort_reason=cut))
+        return _Leg(done=done, cause=cut)
 
     async def _forward(self, upstream: UpstreamResponse, check: PassCheck, stitch: Stitcher) -> int:
         """Forward the continuation event by event, stitched; return the bytes received."""

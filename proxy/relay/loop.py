@@ -36,7 +36,18 @@ from proxy.guard.turn import Decision, Outcome, UpstreamError
 from proxy.policy.loop_breaker import LoopBreaker
 from proxy.policy.retry_budget import count_request, take_retry
 from proxy.relay.attempts import AttemptLog
-from proxy.relay.paths import Attempted, Guarded, NonStream, PassThrough
+from proxy.relay.paths import (
+    Attempted,
+    Deadlines,
+    Delivered,
+    Ending,
+    Failed,
+    Guarded,
+    NonStream,
+    PassThrough,
+    PathInputs,
+    Received,
+)
 from proxy.routing import quality
 from proxy.routing.router import Router, key_failure
 from proxy.telemetry import semconv, spans
@@ -53,6 +64,15 @@ __all__ = ["Relay", "RelayCall", "drain_background"]
 
 #: Characters per token of the request estimate (``proxy.edge.protocols.CHARS_PER_TOKEN``).
 _CHARS_PER_TOKEN = 4
+
+
+#: How a stream passed through unchanged to its end counts for the router: answered, no error.
+_ANSWERED = Decision(Outcome.CLEAN, None)
+
+
+def _judged(result: Attempted) -> Decision:
+    """The decision an attempt's result is judged by (routing, quality): its own, or ``_ANSWERED``."""
+    return result.decision if result.decision is not None else _ANSWERED
 
 
 def _overflow_figures(decision: Decision, call: RelayCall) -> tuple[int, int | None]:
@@ -77,7 +97,10 @@ class RelayCall:
     plan: RoutePlan
     request: ChatRequest
     emitter: Emitter
-    protocol: str = "openai-chat"
+    protocol: str = "openai-chat"  # the client protocol's name, for the audit and the trace
+    #: The client's protocol is the upstream's (``proxy.edge.protocols.ClientProtocol.passes_through``): a
+    #: request without ``tools`` may take the upstream's bytes unchanged.
+    passes_through: bool = True
     user_agent: str = ""
     dropped: tuple[str, ...] = ()  # client fields the translation could not carry (each a finding)
     session: str = ""  # the agent session (``proxy.guard.decisions.loops.session_id``); "" = none known
@@ -89,9 +112,9 @@ class RelayCall:
 
     @property
     def forwards_raw(self) -> bool:
-        """True when upstream bytes go back unchanged: an OpenAI Chat client without ``tools``.
+        """True when upstream bytes go back unchanged: a pass-through protocol's request without ``tools``.
         Other protocols always go through the guard, which translates frame by frame."""
-        return self.protocol == "openai-chat" and not self.request.guarded
+        return self.passes_through and not self.request.guarded
 
     @property
     def path(self) -> str:
@@ -142,11 +165,6 @@ def money(attempts: list[audit.AttemptRecord], good: audit.AttemptRecord | None,
             "unpriced": any(a.cost_usd is None for a in attempts), "delivered_usd": delivered, "wasted_usd": wasted}
 
 
-def retryable(decision: Decision) -> bool:
-    """True when asking the upstream again can help: broken model output, or a retryable error."""
-    return decision.outcome == Outcome.RETRY or (decision.error is not None and decision.error.retryable)
-
-
 class Relay:
     """Drives one request to the end: ``await Relay(call, response, client).run()``.
 
@@ -167,18 +185,21 @@ class Relay:
         self.log.prompt_estimate = call.prompt_estimate
         self.trace = spans.current()  # the request's trace (``proxy.telemetry``; a no-op with tracing off)
         self.trace.routed(call, secrets=lambda: self.log.secrets)
-        self.deadline = response.started + call.plan.deadline  # monotonic seconds
+        self.deadlines = Deadlines(request=response.started + call.plan.deadline,
+                                   retries=response.started + settings.RETRY_BUDGET_SECONDS)
         self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
         self._last: Attempted | None = None
         self.attempts_made = 0
         self.outcome = RequestOutcome.UPSTREAM_ERROR
         self.error = ""
-        #: What the client got at the end (``audit.delivered``), set by the path that answered; None for
-        #: bytes passed through unchanged.
-        self.delivered: dict[str, Any] | None = None
+        #: What the client got at the end (``audit.delivered``), as the path that answered returned it; None
+        #: for bytes passed through unchanged.
+        self.delivered: Received = None
         #: The loop breaker of a guarded request (None for the others).
         self.loops = LoopBreaker(session=call.session, messages=call.request.body.get("messages"),
                                  policy=call.plan.policy) if call.request.guarded else None
+        self.inputs = PathInputs(call=call, response=response, client=client, log=self.log,
+                                 deadlines=self.deadlines, loops=self.loops, trace=self.trace)
         #: Set when the tenant's retry budget stopped a retry (``proxy.policy.retry_budget``).
         self.budget_spent: Finding | None = None
         self.session_moved: Finding | None = None
@@ -205,22 +226,22 @@ class Relay:
     def _path(self) -> PassThrough | Guarded | NonStream:
         call = self.call
         if not call.request.stream:
-            return NonStream(self)
+            return NonStream(self.inputs)
         if call.forwards_raw:
-            return PassThrough(self)
+            return PassThrough(self.inputs)
         self.response.hold(call.plan.policy.commit_deadline, call.plan.policy.keepalive_interval)
-        return Guarded(self)
+        return Guarded(self.inputs)
 
     async def _serve(self) -> None:
         call = self.call
         path = self._path()
         try:
-            async with asyncio.timeout_at(self.deadline):  # the loop's clock is time.monotonic()
+            async with asyncio.timeout_at(self.deadlines.request):  # the loop's clock is time.monotonic()
                 result = await self._attempts(path)
         except TimeoutError:
             result = await self._deadline_passed(path)
-        if result.delivered:
-            self.outcome, self.error = result.outcome, result.error
+        if isinstance(result, Delivered):
+            self.outcome, self.error, self.delivered = result.outcome, result.error, result.received
             return
         prompt_tokens, budget = _overflow_figures(result.decision, call)
         answer = answer_for(result.decision, committed=self.response.committed, stream=call.request.stream,
@@ -234,30 +255,21 @@ class Relay:
         if answer.outcome is RequestOutcome.EXHAUSTED and self.loops is not None:
             stuck = await self.loops.check_exhausted()
             if stuck is not None:
-                await path.stuck(stuck)
+                self.delivered = await path.stuck(stuck)
                 return
-        await path.give_up(answer)
+        self.delivered = await path.give_up(answer, attempts=self.attempts_made)
 
     async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
         """Attempt after attempt until one is delivered, the failure is not retryable, the policy's retries
         or the retry budget are spent; returns the last attempt's result."""
         result: Attempted | None = None
         failed: UpstreamTarget | None = None
-        budget_end = self.response.started + settings.RETRY_BUDGET_SECONDS
         index = 0  # in the plan's targets (``RoutePlan.next_index``: the route's ``retry_target``)
         for attempt, _ in self.call.plan.attempts():
             target = self.router.pick(self.call.plan.targets[index])
-            if result is not None and failed is not None:
-                if model_failure(result.decision) and not await self._retry_budget_allows():
-                    break
-                # A refused key with another one to try: at once (the wait was for that key).
-                moved = key_failure(result.decision) is not None and (
-                    target.key_id != failed.key_id or target.upstream_id != failed.upstream_id)
-                if not await self._backoff(attempt - 1, None if moved else result.decision.error, budget_end):
-                    break
-                cause = "broken_output" if model_failure(result.decision) else "upstream_error"
-                metrics.observe_retry(self.labels, upstream=failed.name, cause=cause)
-                self.trace.retry(attempt, upstream=failed.name, cause=cause, decision=result.decision)
+            if isinstance(result, Failed) and failed is not None and not await self._retrying(attempt, target,
+                                                                                               failed, result):
+                break
             self.attempts_made = attempt + 1
             self._current = (target, time.monotonic())
             with self.trace.attempt(attempt, target) as traced:
@@ -265,18 +277,36 @@ class Relay:
                 traced.ended(result)
             self._current, failed = None, target
             await self._after(attempt, target, result)
-            if result.delivered or not (retryable(result.decision) or self._other_key(target, result.decision)):
+            if isinstance(result, Delivered) or (result.ending is Ending.ERROR
+                                                 and not self._other_key(target, result.decision)):
                 break
             index = self.call.plan.next_index(index, broken=model_failure(result.decision))
         assert result is not None, "a plan has at least one attempt"
         return result
 
+    async def _retrying(self, attempt: int, target: UpstreamTarget, failed: UpstreamTarget, last: Failed) -> bool:
+        """Before retry ``attempt`` to ``target`` after ``last`` failed on ``failed``: True once the tenant's
+        retry budget allowed it (for broken output) and the backoff waited; False: no retry."""
+        decision = last.decision
+        if model_failure(decision) and not await self._retry_budget_allows():
+            return False
+        # A refused key with another one to try: at once (the wait was for that key).
+        moved = key_failure(decision) is not None and (
+            target.key_id != failed.key_id or target.upstream_id != failed.upstream_id)
+        if not await self._backoff(attempt - 1, None if moved else decision.error, self.deadlines.retries):
+            return False
+        cause = "broken_output" if model_failure(decision) else "upstream_error"
+        metrics.observe_retry(self.labels, upstream=failed.name, cause=cause)
+        self.trace.retry(attempt, upstream=failed.name, cause=cause, decision=decision)
+        return True
+
     async def _after(self, attempt: int, target: UpstreamTarget, result: Attempted) -> None:
         """The routing bookkeeping of an attempt: a guarded request's judged first attempt counts in the
         target's broken-turn rate; the router observes the result (awaited when a retry's choice needs it)."""
-        if attempt == 0 and self.call.request.guarded and (result.delivered or model_failure(result.decision)):
-            schedule(self._counted(target, broken=not result.delivered))
-        if result.delivered:  # the client has its answer: the bookkeeping must not outlive its connection
+        delivered = isinstance(result, Delivered)
+        if attempt == 0 and self.call.request.guarded and (delivered or model_failure(_judged(result))):
+            schedule(self._counted(target, broken=not delivered))
+        if delivered:  # the client has its answer: the bookkeeping must not outlive its connection
             self.session_moved = self.router.move_finding(target)  # on the request's row (the request page)
             schedule(self._observed(target, result))
         else:  # the next attempt's choice of key and upstream needs it
@@ -289,11 +319,12 @@ class Relay:
 
         An answer's session is kept first: the task runs detached (``_attempts``), and its first step, before
         any await, writes this process's copy of the session, which the session's next turn reads."""
-        if not result.delivered:
-            await self.router.observe(target, result.decision)
+        decision = _judged(result)
+        if isinstance(result, Failed):
+            await self.router.observe(target, decision)
             return
-        moved = await self.router.delivered(target, result.decision.turn)
-        await self.router.observe(target, result.decision)
+        moved = await self.router.delivered(target, decision.turn)
+        await self.router.observe(target, decision)
         if moved is not None:
             self.trace.event(semconv.EVENT_SESSION_MOVED, **{"toolrelay.session.from_upstream_id": moved[0],
                                                              "toolrelay.session.to_upstream_id": target.upstream_id})
@@ -329,16 +360,6 @@ class Relay:
         if self._last is not None:
             return self._last
         return await path.interrupted(self.call.plan.target(0), self.response.started, exc)
-
-    def timeouts(self, target: UpstreamTarget) -> tuple[float, float]:
-        """``(first_byte, idle)`` seconds for the next call to ``target``: its own deadlines, shortened to the
-        time left before the request deadline and, for a retry, before the end of the retry budget."""
-        now = time.monotonic()
-        left = self.deadline - now
-        first_byte = min(target.first_byte_timeout, left)
-        if self.attempts_made > 1:
-            first_byte = min(first_byte, self.response.started + settings.RETRY_BUDGET_SECONDS - now)
-        return max(0.001, first_byte), max(0.001, min(target.idle_timeout, left))
 
     async def _backoff(self, attempt: int, error: UpstreamError | None, budget_end: float) -> bool:
         """Wait before retry ``attempt`` + 1: Retry-After within a bound, jittered exponential for 429/5xx,

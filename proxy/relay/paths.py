@@ -1,29 +1,34 @@
 """The three request paths, as small strategies the relay's one attempt loop drives.
 
-Each path's ``attempt(number, target)`` makes one upstream call and either delivers the answer to
-the client (``Attempted.delivered``) or returns the decision that says why not; the relay decides
-whether to retry and, when the attempts run out, hands ``proxy.guard.decisions.answer.answer_for``'s verdict
-to ``give_up``.
+A path is built from ``PathInputs`` (what it uses: the request, the client response, the upstream client,
+the attempt records, the request's ``Deadlines``, its loop breaker, its trace) and never writes into the
+relay. Its ``attempt(number, target)`` makes one upstream call and returns one ``Attempted``: ``Delivered``
+(the client has its answer: the request outcome, what the client received for the audit, the decision
+of the turn or of the failure that cut a delivered stream) or ``Failed`` (the decision that says why
+not; its ``ending`` is ``RETRY`` when asking again can help, else ``ERROR``). The relay decides whether
+to retry and, when the attempts run out, hands ``proxy.guard.decisions.answer.answer_for``'s verdict to
+``give_up``, which returns what the client received.
 
-- ``PassThrough`` (OpenAI Chat, streaming, no ``tools``): upstream bytes forwarded as they arrive,
-  unchanged; usage read from a small tail buffer afterwards, never delaying a byte.
+- ``PassThrough`` (a client protocol that passes bytes through, streaming, no ``tools``): upstream bytes
+  forwarded as they arrive, unchanged; usage read from a small tail buffer afterwards, never delaying a byte.
 - ``Guarded`` (streaming, ``tools`` or a translated protocol): frames through ``AttemptGuard``; text
   released per ``Delivery``; tool calls held until valid; a provably broken attempt aborted early;
   the response committed at the first thing the client must see or at the commit deadline.
 - On a route with ``continue_text``, a text stream the upstream cuts after text reached the client is
   continued from exactly that text where the upstream takes a prefix (``proxy.relay.continued``).
-- ``NonStream``: nothing is sent until the answer is ready (checked unless it is a tool-less OpenAI
-  Chat answer, which goes back unchanged with the upstream's content type).
+- ``NonStream``: nothing is sent until the answer is ready (checked unless it is a tool-less answer of a
+  pass-through protocol, which goes back unchanged with the upstream's content type).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 
@@ -41,46 +46,122 @@ from proxy.guard.policy import Exhaustion, FragmentStorage
 from proxy.guard.stream.errors import classify_inband_error
 from proxy.guard.turn import Decision, Outcome, Turn, UpstreamError
 from proxy.relay import schema_pool
+from proxy.relay.attempts import UpstreamCall
 from proxy.relay.continued import GuardedSeam, PassSeam
 from proxy.telemetry import semconv
 from proxy.upstreams.client import UpstreamResponse, UpstreamTimeout, UpstreamUnavailable
 from tenants.principal import UpstreamTarget
 
 if TYPE_CHECKING:
-    from proxy.relay.loop import Relay
+    from proxy.edge.response import ClientResponse
+    from proxy.policy.loop_breaker import LoopBreaker
+    from proxy.relay.attempts import AttemptLog
+    from proxy.relay.loop import RelayCall
+    from proxy.telemetry.spans import RequestTrace
+    from proxy.upstreams.client import UpstreamClient
 
 #: Non-stream upstream bodies larger than this are refused as an upstream failure.
 NON_STREAM_CAP = 32 * 1024 * 1024  # bytes
-_NO_DECISION = Decision(Outcome.RETRY, None, reason="no decision")
+#: A guarded stream that ended without the guard's ``Done`` (it always gives one): asked again.
+_UNDECIDED = Decision(Outcome.RETRY, None, reason="no decision")
+
+#: What the client received, for the audit (``audit.delivered``); None: bytes passed through unchanged.
+Received = dict[str, Any] | None
+
+
+def retryable(decision: Decision) -> bool:
+    """True when asking the upstream again can help: broken model output, or a retryable error."""
+    return decision.outcome == Outcome.RETRY or (decision.error is not None and decision.error.retryable)
+
+
+class Ending(enum.Enum):
+    """How an attempt ended, for the relay's loop."""
+
+    DELIVERED = "delivered"  # the client has its answer: no more attempts
+    RETRY = "retry"  # not delivered; asking again can help (``retryable``)
+    ERROR = "error"  # not delivered; asking again cannot help (a refused key may still move to another)
 
 
 @dataclass(frozen=True, slots=True)
-class Attempted:
-    """One attempt's result: ``delivered`` with the request ``outcome`` (and ``error``, the audit's text
-    for a stream that broke off after the commit), or the ``decision`` against it."""
+class Delivered:
+    """An attempt that answered the client: the request ``outcome``, what the client ``received``, ``error``
+    (the audit's text for a stream that broke off after the commit) and ``decision``: the delivered turn's,
+    or the failure that cut a delivered stream (the router counts it); None for a stream passed through
+    unchanged to its end."""
+
+    outcome: RequestOutcome
+    received: Received = None
+    error: str = ""
+    decision: Decision | None = None
+    ending: ClassVar[Ending] = Ending.DELIVERED
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An attempt that did not answer the client, and the ``decision`` against it."""
 
     decision: Decision
-    delivered: bool = False
-    outcome: RequestOutcome = RequestOutcome.UPSTREAM_ERROR
-    error: str = ""
+
+    @property
+    def ending(self) -> Ending:
+        return Ending.RETRY if retryable(self.decision) else Ending.ERROR
+
+
+#: One attempt's result.
+Attempted = Delivered | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """A request's clocks, monotonic seconds: ``request`` (its route's deadline) and ``retries`` (the end of
+    the retry budget, ``RETRY_BUDGET_SECONDS`` after the request arrived)."""
+
+    request: float
+    retries: float
+
+    def timeouts(self, target: UpstreamTarget, *, retry: bool) -> tuple[float, float]:
+        """``(first_byte, idle)`` seconds for a call to ``target``: its own deadlines, shortened to the time
+        left before the request deadline and, for a ``retry``, before the end of the retry budget."""
+        now = time.monotonic()
+        left = self.request - now
+        first_byte = min(target.first_byte_timeout, left)
+        if retry:
+            first_byte = min(first_byte, self.retries - now)
+        return max(0.001, first_byte), max(0.001, min(target.idle_timeout, left))
+
+
+@dataclass(frozen=True, slots=True)
+class PathInputs:
+    """What a path uses: the request (``call``), the ``response`` it writes to, the upstream ``client``, the
+    attempt records (``log``), the request's ``deadlines``, its loop breaker (``loops``; None for a request
+    without tools) and its ``trace``."""
+
+    call: RelayCall
+    response: ClientResponse
+    client: UpstreamClient
+    log: AttemptLog
+    deadlines: Deadlines
+    loops: LoopBreaker | None
+    trace: RequestTrace
 
 
 class _Path(abc.ABC):
-    """What every path shares: the relay's request, response, client and audit log."""
+    """What every path shares: the request, the response, the upstream client and the audit log."""
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
-        self.call = relay.call
-        self.request = relay.call.request
-        self.response = relay.response
-        self.log = relay.log
-        self.client = relay.client
+    def __init__(self, inputs: PathInputs) -> None:
+        self.inputs = inputs
+        self.call = inputs.call
+        self.request = inputs.call.request
+        self.response = inputs.response
+        self.log = inputs.log
+        self.client = inputs.client
+        self._retry = False  # the attempt under way is a retry (its first-byte deadline: the retry budget's too)
 
     def open(self, target: UpstreamTarget, *, ask_usage: bool = False, request: ChatRequest | None = None) -> Any:
         """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``), its
         deadlines shortened to what the request deadline and the retry budget leave; ``request``: another
         body than the client's (a continuation's)."""
-        first_byte, idle = self.relay.timeouts(target)
+        first_byte, idle = self.inputs.deadlines.timeouts(target, retry=self._retry)
         return self.client.open(target, request or self.request, ask_usage=ask_usage, first_byte=first_byte,
                                 idle=idle, max_output_tokens=self.call.plan.max_output_tokens)
 
@@ -89,7 +170,8 @@ class _Path(abc.ABC):
         return await self._broke(target, started, exc)
 
     async def attempt(self, number: int, target: UpstreamTarget) -> Attempted:
-        """One upstream call; transport failures become their decision."""
+        """One upstream call (``number``: 0-based); transport failures become their decision."""
+        self._retry = number > 0
         started = time.monotonic()
         try:
             return await self._call(number, target, started)
@@ -101,7 +183,7 @@ class _Path(abc.ABC):
         """The path's upstream call ``number`` (0-based) to ``target``, started at ``started`` (monotonic)."""
 
     async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
-        return Attempted(self.log.transport_failure(target, started, exc))
+        return Failed(self.log.transport_failure(target, started, exc))
 
     def _scrub(self, text: str) -> str:
         return redact(text, self.log.secrets)
@@ -122,13 +204,13 @@ class _Path(abc.ABC):
         """End the stream with ``decision``'s turn (tool calls, finish, usage, terminator)."""
         assert decision.turn is not None
         turn = redact_turn(decision.turn, self.log.secrets)
-        self.deliver(turn)
+        received = self.received(turn)
         await self.response.end(self.call.emitter.close(turn))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+        return Delivered(RequestOutcome.delivered(decision, number), received, decision=decision)
 
-    def deliver(self, turn: Turn) -> None:
-        """Note for the audit the turn the client is sent (texts kept unless the policy keeps no content)."""
-        self.relay.delivered = delivered_turn(turn, content=self.call.plan.policy.fragments != FragmentStorage.NONE)
+    def received(self, turn: Turn) -> Received:
+        """The audit's note of the turn the client is sent (texts kept unless the policy keeps no content)."""
+        return delivered_turn(turn, content=self.call.plan.policy.fragments != FragmentStorage.NONE)
 
     async def _not_sse(self, number: int, target: UpstreamTarget, started: float,
                        upstream: UpstreamResponse) -> Attempted:
@@ -142,21 +224,17 @@ class _Path(abc.ABC):
             finding = Finding(FindingKind.UPSTREAM_NOT_SSE, Severity.ERROR, action,
                               f"an error body in place of the stream: {error.message[:300]}")
             decision = self.log.scrub(Decision(Outcome.UPSTREAM_ERROR, None, (finding,), finding.detail, error))
-            self.log.add(target, "upstream-error", started, upstream_status=200, findings=decision.findings,
-                         abort_reason=decision.reason, bytes_received=len(body), body=body)
-            return Attempted(decision)
+            self.log.add(UpstreamCall.answered(target, started, decision, bytes_received=len(body), body=body))
+            return Failed(decision)
         note = Finding(FindingKind.UPSTREAM_NOT_SSE, Severity.INFO, Action.NORMALIZED,
                        "a whole chat.completion instead of an event stream; sent as a stream")
         decision = self.log.scrub(await schema_pool.decision(completion_guard(body, self.request.spec,
                                                                               self.call.plan.policy)))
         outcome = Outcome.NORMALIZED if decision.outcome is Outcome.CLEAN else decision.outcome
         decision = dataclasses.replace(decision, outcome=outcome, findings=(note, *decision.findings))
-        self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
-                     abort_reason="" if decision.usable else decision.reason,
-                     usage=decision.turn.usage if decision.turn else None, bytes_received=len(body), frames=1,
-                     body=body)
+        self.log.add(UpstreamCall.answered(target, started, decision, bytes_received=len(body), frames=1, body=body))
         if not decision.usable or decision.turn is None:
-            return Attempted(decision)
+            return Failed(decision)
         for choice in decision.turn.choices:
             for channel, text in (("reasoning", choice.reasoning), ("content", choice.content),
                                   ("refusal", choice.refusal)):
@@ -167,77 +245,77 @@ class _Path(abc.ABC):
     async def looping(self, decision: Decision, number: int) -> Attempted | None:
         """When the loop breaker finds that ``decision``'s usable turn completes an agent loop: the stuck
         answer sent in its place and the attempt's result; else None (deliver the turn)."""
-        loops = self.relay.loops
+        loops = self.inputs.loops
         if loops is None or decision.turn is None:
             return None
         stuck = await loops.check_turn(decision.turn)
         if stuck is None:
             return None
-        await self.stuck(stuck)
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+        received = await self.stuck(stuck)
+        return Delivered(RequestOutcome.delivered(decision, number), received, decision=decision)
 
-    async def stuck(self, stuck: Stuck) -> None:
+    async def stuck(self, stuck: Stuck) -> Received:
         """The loop breaker's answer: a terminal assistant message saying the agent seems stuck and why
-        (finish ``stop`` / ``end_turn``, ``response.completed``), in place of the turn or the exhaustion answer."""
+        (finish ``stop`` / ``end_turn``, ``response.completed``), in place of the turn or the exhaustion answer;
+        returns what the client received."""
         message = stuck_message(stuck, request_id=str(self.response.request_id))
-        self.relay.trace.event(semconv.EVENT_LOOP_BROKEN, **{semconv.LOOP_RULE: stuck.rule})
+        self.inputs.trace.event(semconv.EVENT_LOOP_BROKEN, **{semconv.LOOP_RULE: stuck.rule})
         if self.call.plan.policy.exhaustion is Exhaustion.FAIL:
-            await self._fail(message, status=400, code="agent_loop_detected")
-            return
-        self.relay.delivered = delivered_exhaustion(message, scrub=self._scrub)
+            return await self._fail(message, status=400, code="agent_loop_detected")
+        return await self._exhausted(message)
+
+    async def _exhausted(self, message: str) -> Received:
+        """``message`` as the turn's assistant answer (finish ``stop``), streamed or whole."""
+        received = delivered_exhaustion(message, scrub=self._scrub)
         if self.request.stream:
             await self.response.end(self.call.emitter.close_exhausted(self.separator() + message))
         else:
             await self.response.send_json(200, self.call.emitter.complete_exhausted(message))
+        return received
 
-    async def _fail(self, message: str, *, status: int, code: str) -> None:
+    async def _fail(self, message: str, *, status: int, code: str) -> Received:
         """End the turn with ``message`` as the protocol's terminal error (the ``fail`` exhaustion
         policy): in-stream when streaming, else an HTTP ``status`` error with ``x-should-retry: false``."""
-        self.relay.delivered = delivered_exhaustion(message, as_error=True, scrub=self._scrub)
+        received = delivered_exhaustion(message, as_error=True, scrub=self._scrub)
         if self.request.stream:
             await self.response.end(self.call.emitter.close_terminal(message))
         else:
             said = message.removesuffix(f" Request id: {self.response.request_id}.")  # error() adds the id
             await self.response.error(status, said, type="invalid_request_error", code=code, should_retry=False)
+        return received
 
-    async def give_up(self, answer: Answer) -> None:
-        """Render ``answer`` (``answer_for``) in the client's protocol."""
-        response, emitter = self.response, self.call.emitter
-        error = answer.error
-        scrub = self._scrub
+    async def give_up(self, answer: Answer, *, attempts: int) -> Received:
+        """Render ``answer`` (``answer_for``, after ``attempts`` attempts) in the client's protocol; returns what
+        the client received."""
+        response, error, scrub = self.response, answer.error, self._scrub
         if answer.kind is AnswerKind.HTTP_ERROR and error is not None:
-            self.relay.delivered = delivered_error(error.status, error.message, scrub=scrub)
+            received = delivered_error(error.status, error.message, scrub=scrub)
             await response.error(error.status, error.message, type=error.type, code=error.code,
                                  should_retry=answer.retryable, retry_after=error.retry_after)
-        elif answer.kind is AnswerKind.STREAM_ERROR and error is not None:
-            self.relay.delivered = delivered_exhaustion(error.message, as_error=True, scrub=scrub) \
+            return received
+        if answer.kind is AnswerKind.STREAM_ERROR and error is not None:
+            received = delivered_exhaustion(error.message, as_error=True, scrub=scrub) \
                 if answer.outcome is RequestOutcome.EXHAUSTED else delivered_error(error.status, error.message,
                                                                                    scrub=scrub)
-            await response.end(emitter.close_error(error))
-        elif answer.kind is AnswerKind.TERMINAL:
-            await self._fail(exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
-                                                guarded=self.request.guarded, request_id=str(response.request_id)),
-                             status=502, code="upstream_failed")
-        else:
-            message = exhaustion_message(attempts=self.relay.attempts_made, reason=answer.reason,
-                                         guarded=self.request.guarded, request_id=str(response.request_id))
-            self.relay.delivered = delivered_exhaustion(message, scrub=scrub)
-            if self.request.stream:
-                await response.end(emitter.close_exhausted(self.separator() + message))
-            else:
-                await response.send_json(200, emitter.complete_exhausted(message))
+            await response.end(self.call.emitter.close_error(error))
+            return received
+        message = exhaustion_message(attempts=attempts, reason=answer.reason, guarded=self.request.guarded,
+                                     request_id=str(response.request_id))
+        if answer.kind is AnswerKind.TERMINAL:
+            return await self._fail(message, status=502, code="upstream_failed")
+        return await self._exhausted(message)
 
 
 class PassThrough(_Path):
-    """OpenAI Chat streaming without tools: the upstream's bytes, unchanged, checked on the side.
+    """A pass-through protocol's stream without tools: the upstream's bytes, unchanged, checked on the side.
 
     On a route with ``continue_text`` on, ``seam`` reads what the client was sent, and a stream the upstream
     cuts after text is continued in the same client stream where the upstream takes a prefix
     (``proxy.relay.continued``); otherwise a cut ends with the protocol's in-stream error."""
 
-    def __init__(self, relay: Relay) -> None:
-        super().__init__(relay)
-        self.seam = PassSeam(self) if relay.call.plan.continue_text else None
+    def __init__(self, inputs: PathInputs) -> None:
+        super().__init__(inputs)
+        self.seam = PassSeam(self) if inputs.call.plan.continue_text else None
 
     async def interrupted(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
         self.seam = None  # the request deadline passed: no time for a continuation
@@ -247,7 +325,7 @@ class PassThrough(_Path):
         async with self.open(target) as upstream:
             self.log.refusals(target, upstream)
             if upstream.status != 200:
-                return Attempted(await self.log.http_failure(target, started, upstream))
+                return Failed(await self.log.http_failure(target, started, upstream))
             if not is_event_stream(upstream):
                 return await self._not_sse(number, target, started, upstream)
             content_type = upstream.headers.get("content-type", "text/event-stream").encode()
@@ -277,14 +355,14 @@ class PassThrough(_Path):
         finish reason nor ``[DONE]`` gets the protocol's error at its end, never a silent success."""
         findings = check.finish()
         fatal = any(f.fatal for f in findings)
-        outcome = "upstream-error" if fatal else ("normalized" if findings else "clean")
+        outcome = Outcome.UPSTREAM_ERROR if fatal else (Outcome.NORMALIZED if findings else Outcome.CLEAN)
         reason = next((f.detail for f in findings if f.fatal), "")
-        self.log.add(target, outcome, started, upstream_status=200, bytes_received=size, frames=check.frames,
-                     usage=check.usage, findings=findings, abort_reason=reason)
+        self.log.add(UpstreamCall(target, outcome, started, upstream_status=200, bytes_received=size,
+                                  frames=check.frames, usage=check.usage, findings=findings, abort_reason=reason))
         if check.broken_off and self.seam is not None and self.seam.possible(target):
             request_outcome, error_text = await self.seam.run(target, reason or "the stream ended without a finish "
                                                                                   "reason")
-            return Attempted(_NO_DECISION, delivered=True, outcome=request_outcome, error=error_text)
+            return Delivered(request_outcome, error=error_text)
         if check.broken_off:
             await self.end_with_error(UpstreamError(
                 502, f"the upstream stream ended without a finish reason (request id: {self.response.request_id})",
@@ -294,8 +372,8 @@ class PassThrough(_Path):
         if fatal:
             request_outcome = RequestOutcome.UPSTREAM_ERROR
         else:
-            request_outcome = RequestOutcome.RECOVERED if number > 0 else RequestOutcome(outcome)
-        return Attempted(_NO_DECISION, delivered=True, outcome=request_outcome, error=reason)
+            request_outcome = RequestOutcome.RECOVERED if number > 0 else RequestOutcome(outcome.value)
+        return Delivered(request_outcome, error=reason)
 
     async def _broke(self, target: UpstreamTarget, started: float, exc: Exception) -> Attempted:
         """The upstream failed after bytes were forwarded: nothing can be retried, so end the stream with
@@ -307,11 +385,11 @@ class PassThrough(_Path):
         decision = self.log.transport_failure(target, started, exc, upstream_status=200)
         if self.seam is not None and not self.response.ended and self.seam.possible(target):
             outcome, error_text = await self.seam.run(target, decision.reason)
-            return Attempted(decision, delivered=True, outcome=outcome, error=error_text)
+            return Delivered(outcome, error=error_text, decision=decision)
         if decision.error is not None:
             message = f"the upstream stream broke off: {decision.reason} (request id: {self.response.request_id})"
             await self.end_with_error(dataclasses.replace(decision.error, message=message))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.UPSTREAM_ERROR, error=decision.reason)
+        return Delivered(RequestOutcome.UPSTREAM_ERROR, error=decision.reason, decision=decision)
 
     async def end_with_error(self, error: UpstreamError) -> None:
         """End the client's stream with the protocol's in-stream ``error`` (nothing when it already ended); the
@@ -320,12 +398,23 @@ class PassThrough(_Path):
             await self.response.end(b"\n\n" + self.call.emitter.close_error(error))
 
 
+@dataclass(slots=True)
+class _Streamed:
+    """What a guarded attempt's stream read: ``size`` bytes, the first after ``ttfb`` ms, the guard's first
+    ``abort`` and the body ``parts`` the audit keeps."""
+
+    size: int = 0
+    ttfb: float | None = None
+    abort: Abort | None = None
+    parts: list[bytes] = dataclasses.field(default_factory=list)
+
+
 class Guarded(_Path):
     """Streaming through the guard: live text, held tool calls, early abort, one canonical stream."""
 
-    def __init__(self, relay: Relay) -> None:
-        super().__init__(relay)
-        self.policy = relay.call.plan.policy
+    def __init__(self, inputs: PathInputs) -> None:
+        super().__init__(inputs)
+        self.policy = inputs.call.plan.policy
         self.delivery = Delivery(stream_text=self.policy.stream_text)
         self.seam = GuardedSeam(self)  # a cut text stream continued (``proxy.relay.continued``)
         self._guard: AttemptGuard | None = None  # the attempt under way's
@@ -338,7 +427,7 @@ class Guarded(_Path):
         self.delivery.begin(continuing=self.seam.start(target))
         self._guard, self._transport = None, False
         result = await super().attempt(number, target)
-        if not result.delivered:
+        if isinstance(result, Failed):
             self.seam.ended(result.decision, target, cut=self._transport or self._unfinished(),
                             calls=self._calls_begun())
         return result
@@ -356,44 +445,47 @@ class Guarded(_Path):
         return await super()._broke(target, started, exc)
 
     async def _call(self, number: int, target: UpstreamTarget, started: float) -> Attempted:
-        keep_body = self.policy.fragments == FragmentStorage.ATTEMPT
-        parts: list[bytes] = []
-        size, ttfb, abort = 0, None, None
         async with self.open(target, ask_usage=True, request=self.seam.request(target)) as upstream:
             self.log.refusals(target, upstream)
             if upstream.status != 200:
-                return Attempted(await self.log.http_failure(target, started, upstream))
+                return Failed(await self.log.http_failure(target, started, upstream))
             if not is_event_stream(upstream):
                 return await self._not_sse(number, target, started, upstream)
             spec = dataclasses.replace(self.request.spec, usage_requested=upstream.asked_usage)
             guard = self._guard = AttemptGuard(spec, self.policy, max_line=settings.MAX_SSE_LINE_BYTES,
                                                max_bytes=settings.MAX_ATTEMPT_BYTES)
-            async for chunk in upstream.chunks():
-                if ttfb is None:
-                    ttfb = (time.monotonic() - started) * 1000
-                size += len(chunk)
-                if keep_body and size <= settings.AUDIT_BODY_CAP:
-                    parts.append(chunk)
-                events = guard.feed(chunk)
-                if guard.usage is not None and not self.response.committed:
-                    self.call.emitter.early_usage(guard.usage)
-                abort = await self._handle(events) or abort
-                if abort is not None and self.policy.early_abort:
-                    break
-                await self.response.ready()  # a slow reader pauses the upstream read here
+            read = await self._stream(upstream, guard, started)
         final = await schema_pool.finish(guard)  # calls over the inline budget: validated in the pool
         await self._handle([e for e in final if not isinstance(e, Done)])
         done = next((e for e in final if isinstance(e, Done)), None)
-        decision = _NO_DECISION if done is None else self.log.scrub(done.decision)
-        self.log.add(target, decision.outcome.value, started, upstream_status=200, ttfb_ms=ttfb,
-                     abort_reason=abort.finding.detail if abort is not None else ("" if decision.usable
-                                                                                   else decision.reason),
-                     findings=(*self.seam.findings(target), *decision.findings),
-                     usage=decision.turn.usage if decision.turn is not None else None,
-                     bytes_received=size, frames=guard.frames, body=b"".join(parts))
+        decision = _UNDECIDED if done is None else self.log.scrub(done.decision)
+        self.log.add(UpstreamCall.answered(
+            target, started, decision, ttfb_ms=read.ttfb, bytes_received=read.size, frames=guard.frames,
+            body=b"".join(read.parts), findings=(*self.seam.findings(target), *decision.findings),
+            abort_reason=read.abort.finding.detail if read.abort is not None else None))
         if not decision.usable or decision.turn is None:
-            return Attempted(decision)
+            return Failed(decision)
         return await self._close(decision, number)
+
+    async def _stream(self, upstream: UpstreamResponse, guard: AttemptGuard, started: float) -> _Streamed:
+        """Feed the upstream's chunks to ``guard`` and act on its events (until its first abort, under the
+        early-abort policy); the body is kept for the audit when the policy stores whole attempts."""
+        keep_body = self.policy.fragments == FragmentStorage.ATTEMPT
+        read = _Streamed()
+        async for chunk in upstream.chunks():
+            if read.ttfb is None:
+                read.ttfb = (time.monotonic() - started) * 1000
+            read.size += len(chunk)
+            if keep_body and read.size <= settings.AUDIT_BODY_CAP:
+                read.parts.append(chunk)
+            events = guard.feed(chunk)
+            if guard.usage is not None and not self.response.committed:
+                self.call.emitter.early_usage(guard.usage)
+            read.abort = await self._handle(events) or read.abort
+            if read.abort is not None and self.policy.early_abort:
+                break
+            await self.response.ready()  # a slow reader pauses the upstream read here
+        return read
 
     async def _release(self, delta: TextDelta) -> None:
         if self.delivery.offer(delta) is not None:
@@ -422,6 +514,7 @@ class Guarded(_Path):
                 abort = abort or event
         return abort
 
+
 class NonStream(_Path):
     """A non-stream request: one JSON answer when it is ready."""
 
@@ -429,45 +522,42 @@ class NonStream(_Path):
         async with self.open(target) as upstream:
             self.log.refusals(target, upstream)
             if upstream.status != 200:
-                return Attempted(await self.log.http_failure(target, started, upstream))
+                return Failed(await self.log.http_failure(target, started, upstream))
             body = await upstream.read_capped(NON_STREAM_CAP + 1)
             content_type = upstream.headers.get("content-type", "application/json")
         if len(body) > NON_STREAM_CAP:  # bounded memory: an answer this large is no answer
             finding = Finding(FindingKind.UPSTREAM_BODY_TOO_LARGE, Severity.ERROR, Action.RETRY,
                               f"the upstream's answer is larger than {NON_STREAM_CAP} bytes")
             decision = Decision(Outcome.RETRY, None, (finding,), finding.detail)
-            self.log.add(target, "retry", started, upstream_status=200, findings=decision.findings,
-                         abort_reason=decision.reason, bytes_received=len(body))
-            return Attempted(decision)
+            self.log.add(UpstreamCall.answered(target, started, decision, bytes_received=len(body)))
+            return Failed(decision)
         if self.call.forwards_raw:
             return await self._forward(target, started, body, content_type)
         decision = self.log.scrub(await schema_pool.decision(completion_guard(body, self.request.spec,
                                                                               self.call.plan.policy)))
-        self.log.add(target, decision.outcome.value, started, upstream_status=200, findings=decision.findings,
-                     abort_reason="" if decision.usable else decision.reason,
-                     usage=decision.turn.usage if decision.turn else None, bytes_received=len(body),
-                     frames=1 if body else 0, body=body)
+        self.log.add(UpstreamCall.answered(target, started, decision, bytes_received=len(body),
+                                           frames=1 if body else 0, body=body))
         if not decision.usable or decision.turn is None:
-            return Attempted(decision)
+            return Failed(decision)
         stopped = await self.looping(decision, number)
         if stopped is not None:
             return stopped
         turn = redact_turn(decision.turn, self.log.secrets)
-        self.deliver(turn)
+        received = self.received(turn)
         await self.response.send_json(200, self.call.emitter.complete(turn))
-        return Attempted(decision, delivered=True, outcome=RequestOutcome.delivered(decision, number))
+        return Delivered(RequestOutcome.delivered(decision, number), received, decision=decision)
 
     async def _forward(self, target: UpstreamTarget, started: float, body: bytes, content_type: str) -> Attempted:
-        """A tool-less OpenAI Chat answer goes back unchanged, with the upstream's content type."""
+        """A tool-less answer of a pass-through protocol goes back unchanged, with the upstream's content type."""
         try:
             usage = json.loads(body).get("usage")
         except (ValueError, AttributeError):
             usage = None
-        self.log.add(target, "clean", started, upstream_status=200, usage=usage, bytes_received=len(body),
-                     frames=1 if body else 0)
+        self.log.add(UpstreamCall(target, Outcome.CLEAN, started, upstream_status=200, usage=usage,
+                                  bytes_received=len(body), frames=1 if body else 0))
         await self.response.start(200, [(b"content-type", content_type.encode("latin-1"))])
         await self.response.end(body)
-        return Attempted(_NO_DECISION, delivered=True, outcome=RequestOutcome.CLEAN)
+        return Delivered(RequestOutcome.CLEAN)
 
 
 def redact_turn(turn: Turn, secrets: frozenset[str]) -> Turn:

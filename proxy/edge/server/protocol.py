@@ -34,6 +34,7 @@ from twisted.web import http
 from infra import metrics
 from proxy.edge.server.backpressure import HIGH_WATER_BYTES, Backpressure
 from proxy.guard.protocols.emit_anthropic import error_body as anthropic_error_body
+from proxy.guard.protocols.emit_openai import error_body as openai_error_body
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,7 @@ def too_large_response(path: bytes, limit: int) -> bytes:
     if path.startswith(b"/v1/messages"):
         body = anthropic_error_body(413, message)
     else:
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                          "code": "request_too_large"}}
+        body = openai_error_body(413, message, type="invalid_request_error", code="request_too_large")
     data = json.dumps(body).encode()
     head = (b"HTTP/1.1 413 " + reason_phrase(413) + b"\r\ncontent-type: application/json\r\n"
             b"x-should-retry: false\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(data))

@@ -231,11 +231,18 @@ class OpenAIChatEmitter:
 
     def error_body(self, status: int, message: str, *, type: str, param: str | None = None,
                    code: str | None = None) -> dict[str, Any]:
-        """``{"error":{"message","type","param","code"}}`` (PROTOCOLS.md 1.6).
+        """OpenAI's error shape (``error_body``)."""
+        return error_body(status, message, type=type, param=param, code=code)
 
-        ``status`` is the HTTP status the relay sends; OpenAI bodies do not repeat it.
-        """
-        return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+def error_body(status: int, message: str, *, type: str, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape ``{"error":{"message","type","param","code"}}`` (PROTOCOLS.md 1.6), the one
+    builder of it: OpenAI Chat and Responses clients, HTTP errors and in-stream error events alike.
+
+    ``status`` is the HTTP status sent with it; OpenAI bodies do not repeat it.
+    """
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def _header(k: int, call: ToolCall) -> dict[str, Any]:

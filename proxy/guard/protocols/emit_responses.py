@@ -57,6 +57,7 @@ from typing import Any
 
 from proxy.guard.checks.usage import read_usage
 from proxy.guard.events import Channel
+from proxy.guard.protocols.emit_openai import error_body as openai_error_body
 from proxy.guard.protocols.responses_tools import client_tool, custom_input, local_shell_action
 from proxy.guard.stream.sse import encode_comment, encode_event
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn, UpstreamError
@@ -355,8 +356,8 @@ class OpenAIResponsesEmitter:
 
     def error_body(self, status: int, message: str, *, type: str, param: str | None = None,
                    code: str | None = None) -> dict[str, Any]:
-        """``{"error":{"message","type","param","code"}}`` (OpenAI's shape, PROTOCOLS.md 1.6)."""
-        return {"error": {"message": message, "type": type, "param": param, "code": code}}
+        """OpenAI's error shape (``proxy.guard.protocols.emit_openai.error_body``, PROTOCOLS.md 1.6)."""
+        return openai_error_body(status, message, type=type, param=param, code=code)
 
 
 def call_ids(calls: list[ToolCall]) -> list[str]:
