@@ -102,7 +102,6 @@ def seed(password: str) -> None:
                                        severity="info", action="ignored", detail="2 comment lines skipped")
     # A finished CSV report (two downloads: the list showed only the first at 1400 px).
     from audit.models import Report
-
     from tenants.models import Tenant
 
     Report.objects.create(since=now - timedelta(days=1), until=now, format="csv", status="done", progress=100,
