@@ -180,6 +180,9 @@ class UsageRow(Schema):
     completion_tokens: int
     wasted_prompt_tokens: int
     wasted_completion_tokens: int
+    #: Requests whose wasted usage is unknown (a failed attempt reported none): the wasted figures count only
+    #: the others, so they are a lower bound when this is above 0 (``audit.display.wasted_usage_unknown``).
+    wasted_unknown_requests: int
     wasted_seconds: float
     exhausted: int
     recovered: int
@@ -229,6 +232,7 @@ class UsageOut(Schema):
     prompt_tokens: int
     completion_tokens: int
     wasted_completion_tokens: int
+    wasted_unknown_requests: int
     by_member: list[UsageRow]
     money: SpendOut
 
@@ -339,7 +343,7 @@ def usage(request: HttpRequest, since: datetime | None = None, until: datetime |
     money = spend(tenant, since=since, until=until)
     return {"tenant": tenant.slug, "since": since, "until": until, "by_member": rows, "money": money,
             **{name: sum(r[name] for r in rows) for name in ("requests", "prompt_tokens", "completion_tokens",
-                                                              "wasted_completion_tokens")}}
+                                                              "wasted_completion_tokens", "wasted_unknown_requests")}}
 
 
 # ----- budgets -----

@@ -582,7 +582,7 @@ class ReportAdmin(ModelAdmin[Report]):
     """
 
     form = ReportForm
-    list_display = ("id", "created", "period", "tenant_list", "format", "status_display", "downloads", "origin",
+    list_display = ("id", "when", "period", "tenant_list", "format", "status_display", "downloads", "origin",
                     "requested_by")
     list_filter = ("status", "format", "origin")
     list_select_related = ("requested_by",)
@@ -692,9 +692,15 @@ class ReportAdmin(ModelAdmin[Report]):
             count += 1
         self.message_user(request, f"Queued {count} report(s).", messages.SUCCESS)
 
+    @admin.display(description="created (UTC)", ordering="created")
+    def when(self, obj: Report) -> SafeString:
+        return _moment(obj.created)
+
     @admin.display(description="period")
-    def period(self, obj: Report) -> str:
-        return f"{obj.since:%Y-%m-%d %H:%M} – {obj.until:%Y-%m-%d %H:%M} UTC"
+    def period(self, obj: Report) -> SafeString:
+        """``since – until UTC``, each end kept on one line (the cell wraps between them)."""
+        return format_html('<span class="tr-nowrap">{}</span> – <span class="tr-nowrap">{} UTC</span>',
+                           f"{obj.since:%Y-%m-%d %H:%M}", f"{obj.until:%Y-%m-%d %H:%M}")
 
     @admin.display(description="tenants")
     def tenant_list(self, obj: Report) -> str:
@@ -718,7 +724,7 @@ class ReportAdmin(ModelAdmin[Report]):
                  for which, field in (("file", obj.file), ("findings", obj.findings_file)) if field]
         if obj.status != Report.Status.DONE or not links:
             return "–"
-        return format_html_join(" · ", '<a href="{}">{}</a>', links)
+        return format_html_join("", '<a class="tr-download" href="{}">{}</a>', links)
 
     def get_urls(self) -> list[URLPattern]:
         download = path("<int:report_id>/download/<str:which>/", self.admin_site.admin_view(self.download_view),
