@@ -7,7 +7,8 @@ where the person sets a password; ``tenants.services.member_invite``) and e-mail
 given (``invitation_mail``). A person who has not taken their invitation gets a new link from their
 membership's page (``MembershipAdmin.reinvite_view``: the older links stop working, ``member_reinvite``).
 Existing accounts and roles that see the admin are a superuser's to grant (the ordinary add form). The new
-membership is a row of that tenant only: another tenant's admin neither lists it nor reaches its pages (``TenantScopedAdmin``).
+membership is a row of that tenant only: another tenant's admin neither lists it nor reaches its pages
+(``TenantScopedAdmin``).
 """
 
 from __future__ import annotations
