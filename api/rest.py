@@ -100,6 +100,12 @@ class LimitsSchema(Schema):
     money_soft_percent: int | None = Field(
         None, ge=1, le=100, description="Percent of each money budget past which the tenant's alert webhooks "
                                         "fire, once per budget and period (null: 80).")
+    daily_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The daily budget's own soft threshold (null: money_soft_percent).")
+    weekly_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The weekly budget's own soft threshold (null: money_soft_percent).")
+    monthly_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The monthly budget's own soft threshold (null: money_soft_percent).")
 
 
 class KeyOut(Schema):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from tenants import crypto, revocation
-from tenants.limits import HOLDER_NAMES, MAX_USD, MONEY_NAMES, SOFT_NAME, Limits
+from tenants.limits import HOLDER_NAMES, MAX_USD, MONEY_NAMES, SOFT_NAMES, Limits
 from tenants.models import (
     API_KEY_PREFIX,
     ApiKey,
@@ -256,16 +256,17 @@ def limits_set(*, tenant: Tenant, key: ApiKey | None = None, member: Membership 
 
     ``values`` maps names of ``HOLDER_NAMES`` to a whole number (0 blocks) or, for ``MONEY_NAMES``, an amount
     in USD, or for ``money_soft_percent`` the soft threshold of the holder's money budgets (a whole percent,
-    1-100); None removes it; names not given are left as they are. ``ValidationError`` for an unknown name,
-    a negative number, a percent outside 1-100, or a key's or member's limit above its tenant's. Running
-    processes see the change at once (``tenants.revocation``).
+    1-100), for ``daily_usd_soft_percent`` ... ``monthly_usd_soft_percent`` one budget's own; None removes it;
+    names not given are left as they are. ``ValidationError`` for an unknown name, a negative number, a percent
+    outside 1-100, or a key's or member's limit above its tenant's. Running processes see the change at once
+    (``tenants.revocation``).
     """
     unknown = sorted(set(values) - set(HOLDER_NAMES))
     if unknown:
         raise ValidationError(f"unknown limit(s): {', '.join(unknown)}")
-    soft = values.get(SOFT_NAME)
-    if soft is not None and (not isinstance(soft, int) or isinstance(soft, bool) or not 1 <= soft <= 100):
-        raise ValidationError("the soft threshold is a whole percent from 1 to 100, or none")
+    for soft in (values.get(n) for n in SOFT_NAMES):
+        if soft is not None and (not isinstance(soft, int) or isinstance(soft, bool) or not 1 <= soft <= 100):
+            raise ValidationError("a soft threshold is a whole percent from 1 to 100, or none")
     if any(v is not None and (v < 0 or (n in MONEY_NAMES and v > MAX_USD)) for n, v in values.items()):
         raise ValidationError(f"a limit is >= 0 (0 blocks; USD at most {MAX_USD:,}) or none")
     row: Tenant | ApiKey | Membership = key if key is not None else member if member is not None else tenant
