@@ -167,9 +167,13 @@ JOURNAL_PING_SECONDS = envfloat("JOURNAL_PING_SECONDS", 5.0)
 DB_CALL_TIMEOUT_SECONDS = envfloat("DB_CALL_TIMEOUT_SECONDS", 5.0)
 #: Upper bound on a whole client request (upstream's and route's own deadlines can only shorten it).
 REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
-#: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
-#: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
-RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
+#: The retry deadline: retries start only within this many seconds of the request's arrival, and a retry's
+#: wait for its first byte ends with it: a stalling upstream holds a client this long at most, not N x its
+#: timeout. (Not the tenant's retry budget, a share of its requests: ``RETRY_BUDGET_*`` below.) The
+#: variable's old name ``RETRY_BUDGET_SECONDS`` is still read when the new one is not set.
+RETRY_DEADLINE_SECONDS = envfloat("RETRY_DEADLINE_SECONDS", envfloat("RETRY_BUDGET_SECONDS", 120.0))
+#: The old name of ``RETRY_DEADLINE_SECONDS``, kept while ``proxy.relay.loop`` still reads it (issue 26 item 10).
+RETRY_BUDGET_SECONDS = RETRY_DEADLINE_SECONDS
 # Cut text streams continued (docs/routing.md, "Cut text streams continued"; a route's continue_text):
 # at most this many continuations per request, and none once more than this many characters of text
 # were delivered (the prefix is sent back upstream whole).
