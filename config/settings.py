@@ -408,6 +408,21 @@ OIDC_RP_SCOPES = envstr("OIDC_RP_SCOPES", "openid email profile")
 #: New users from the identity provider are created without staff status: a superuser grants it.
 OIDC_CREATE_USER = envbool("OIDC_CREATE_USER", True)
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID and OIDC_OP_AUTHORIZATION_ENDPOINT and OIDC_OP_TOKEN_ENDPOINT)
+
+# ----- e-mail (Django's mail framework): invitations (tenants.services.invitation_mail) -----
+#: The console backend (the message on the server's stdout) unless an SMTP server is configured, e.g.
+#: ``django.core.mail.backends.smtp.EmailBackend``.
+EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_HOST_USER = envstr("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = envstr("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+#: Seconds an SMTP connection may take (an invitation is sent during the admin's request).
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "toolrelay <toolrelay@localhost>")
+
 LOGIN_REDIRECT_URL = "/admin/"
 LOGOUT_REDIRECT_URL = "/admin/login/"
 

@@ -29,7 +29,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from tenants import crypto, revocation
-from tenants.admin_invite import MemberInviteForm, invite_link, invite_or_errors
+from tenants.admin_invite import MemberInviteForm, invitation_context, invite_or_errors
 from tenants.admin_site import register_login_trail
 from tenants.limits import HOLDER_NAMES, LIMIT_NAMES
 from tenants.models import (
@@ -53,6 +53,7 @@ from tenants.services import (
     api_key_revoke,
     learned_limit_forget,
     learned_limit_save,
+    member_reinvite,
     upstream_key_add,
 )
 
@@ -840,11 +841,37 @@ class MembershipAdmin(TenantScopedAdmin[Membership]):
         invited = invite_or_errors(form) if request.method == "POST" else None
         request.current_app = self.admin_site.name
         context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
-                   "title": "Add a person", "invited": invited,
-                   "link": invite_link(request, invited) if invited else None,
-                   "hours": settings.PASSWORD_RESET_TIMEOUT // 3600}
+                   "title": "Add a person", "submit": "Add and show the invitation link",
+                   **(invitation_context(request, invited) if invited else {})}
         if invited is not None:
             self.log_addition(request, invited.membership, [{"added": {}}])
+        response = TemplateResponse(request, "admin/tenants/membership/invite.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.reinvite_view)
+        return [path("<path:object_id>/invite/", view, name="tenants_membership_invite"), *super().get_urls()]
+
+    def reinvite_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """``<membership>/invite/``: GET asks, POST sends a new invitation link to a person who has not taken
+        theirs (``member_reinvite``: older links stop working), shown once and e-mailed when they have an
+        address. A row the user may not change is a missing one (404)."""
+        obj = self.get_object(request, object_id)
+        if obj is None or not self.has_change_permission(request, obj):
+            raise Http404("No such membership.")
+        request.current_app = self.admin_site.name
+        context: dict[str, Any] = {**self.admin_site.each_context(request), "opts": self.opts,
+                                   "title": "Send a new invitation", "reinvite": obj, "form": forms.Form(),
+                                   "submit": "Send a new invitation link"}
+        if request.method == "POST":
+            try:
+                invited = member_reinvite(membership=obj)
+            except ValidationError as exc:
+                self.message_user(request, " ".join(exc.messages), messages.ERROR)
+                return HttpResponseRedirect(reverse("admin:tenants_membership_change", args=[obj.pk]))
+            self.log_change(request, obj, "Sent a new invitation link.")
+            context.update(invitation_context(request, invited, again=True))
         response = TemplateResponse(request, "admin/tenants/membership/invite.html", context)
         response["Cache-Control"] = "no-store"
         return response

@@ -91,8 +91,13 @@ def members_for_tenant(tenant: Tenant) -> QuerySet[Membership]:
 
 
 def member_for_tenant(tenant: Tenant, username: str) -> Membership:
-    """The membership of user ``username`` in ``tenant``; ``NotFound`` when none (or another tenant's)."""
-    membership = members_for_tenant(tenant).filter(user__username=str(username)[:150]).first()
+    """The membership of user ``username`` in ``tenant`` (an account name, or a person's handle in the tenant:
+    ``alice`` for ``alice@<tenant slug>``, ``tenants.services.tenant_username``); ``NotFound`` when none (or
+    another tenant's)."""
+    name = str(username)[:150]
+    members = members_for_tenant(tenant)
+    membership = members.filter(user__username=name).first() \
+        or members.filter(user__username=f"{name}@{tenant.slug}"[:150]).first()
     if membership is None:
         raise NotFound("member")
     return membership

@@ -202,6 +202,7 @@ MEMBERSHIP_BY_USER_ALLOWED = {
     "tenants.selectors.memberships_for_user": "a person's own memberships, for their /account/ key page",
     "tenants.management.commands.member.Command._add": "the operator's command names one user in one tenant",
     "tenants.management.commands.limits._member": "the operator's command names one user in one tenant",
+    "tenants.services.member_reinvite": "not scoping: is the account another tenant's too (then no new link)",
 }
 _USER_LOOKUP = ("user", "user_id", "user__", "memberships__user")
 

@@ -184,7 +184,9 @@ def test_the_member_command_adds_shows_and_removes(world_a: TenantWorld) -> None
     assert json.loads(out.getvalue())["members"] == [{
         "user": "alice", "role": "member", "max_keys": 2, "allowed_models": ["glm-*", "deepseek-chat"],
         "limits": {"rpm": None, "tpm": None, "concurrency": None, "daily_tokens": None, "monthly_tokens": None,
-                   "daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None}}]
+                   "daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None,
+                   "daily_usd_soft_percent": None, "weekly_usd_soft_percent": None,
+                   "monthly_usd_soft_percent": None}}]
     member = Membership.objects.get(user__username="alice")
     assert not member.user.has_usable_password()
     key, raw = api_key_create(tenant=world_a.tenant, name="k", member=member)
