@@ -23,7 +23,7 @@ from alerts.tasks import alert_test, alert_test_refusal
 from audit.display import pill
 from tenants.admin import TenantFilter, TenantScopedAdmin
 from tenants.models import validate_header_value
-from tenants.selectors import tenants_for_user
+from tenants.scoping import request_scope
 
 SECRET_MIN = 16
 
@@ -144,7 +144,7 @@ class WebhookFilter(admin.SimpleListFilter):
     parameter_name = "webhook"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
-        rows = AlertWebhook.objects.filter(tenant__in=tenants_for_user(request.user)).select_related("tenant")
+        rows = request_scope(request).limit(AlertWebhook.objects.select_related("tenant"))
         return [(hook.pk, f"{hook.tenant.slug} / {hook.name}") for hook in rows]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

@@ -55,8 +55,8 @@ def _corruption(webhook: AlertWebhook, since: datetime, now: datetime) -> list[F
 
 def _budgets(webhook: AlertWebhook, since: datetime, now: datetime) -> list[Firing]:
     """One alert per money budget of the tenant that passed its soft threshold in the window (always on:
-    the threshold is the budget holder's ``money_soft_percent``, else ``MONEY_SOFT_PERCENT``). The subject
-    names the budget as the tenant's admin knows it: "the tenant's daily budget", "member alice's weekly
+    the threshold is the budget's own, else its holder's ``money_soft_percent``, else ``MONEY_SOFT_PERCENT``).
+    The subject names the budget as the tenant's admin knows it: "the tenant's daily budget", "member alice's weekly
     budget", "key tr-abc123's monthly budget" (the finding's detail speaks to the client)."""
     out = []
     seen: set[str] = set()

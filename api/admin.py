@@ -11,7 +11,8 @@ from django.http import HttpRequest
 
 from api.models import AdminToken
 from api.tokens import admin_token_revoke
-from tenants.admin import TenantFilter, TenantScopedAdmin, managed_tenants
+from tenants.admin import TenantFilter, TenantScopedAdmin
+from tenants.scoping import request_scope
 
 
 @admin.register(AdminToken)
@@ -41,7 +42,7 @@ class AdminTokenAdmin(TenantScopedAdmin[AdminToken]):
     def revoke(self, request: HttpRequest, queryset: QuerySet[AdminToken]) -> None:
         """Revoke the selected tokens of tenants the user manages."""
         count = 0
-        for token in queryset.filter(tenant__in=managed_tenants(request), revoked_at__isnull=True):
+        for token in request_scope(request).limit(queryset, managed=True).filter(revoked_at__isnull=True):
             admin_token_revoke(token=token)
             self.log_change(request, token, "Revoked.")
             count += 1

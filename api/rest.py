@@ -7,8 +7,12 @@ is generated from these signatures (``/api/v1/openapi.json``; the docs page ``/a
 
 Budgets: ``PUT /budgets/...`` stores token limits, money budgets (USD per day, week, month) and the money
 budgets' soft threshold (``tenants.limits.HOLDER_NAMES``) through ``tenants.services.limits_set``. People:
-``POST /members`` adds a new person as a ``member`` with what they may do and returns their invitation link
-once (``tenants.services.member_invite``); ``DELETE /members/{username}`` removes a member (keys revoked).
+``POST /members`` adds a new person as a ``member`` (account ``<username>@<tenant slug>``: a name taken in
+another tenant is neither refused nor revealed) with what they may do and returns their invitation link
+once, also e-mailed when an address is given (``tenants.services.member_invite``, ``invitation_mail``);
+``POST /members/{username}/invite`` sends a new link and voids the old (``member_reinvite``);
+``DELETE /members/{username}`` removes a member (keys revoked). ``{username}`` is the account name or the
+person's handle in the tenant.
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ from tenants.selectors import (
     members_for_tenant,
 )
 from tenants.services import (
+    Invited,
     api_key_create,
     api_key_revoke,
+    invitation_mail,
     limits_set,
     member_invite,
     member_key_create,
+    member_reinvite,
     member_remove,
     membership_save,
 )
@@ -93,6 +100,12 @@ class LimitsSchema(Schema):
     money_soft_percent: int | None = Field(
         None, ge=1, le=100, description="Percent of each money budget past which the tenant's alert webhooks "
                                         "fire, once per budget and period (null: 80).")
+    daily_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The daily budget's own soft threshold (null: money_soft_percent).")
+    weekly_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The weekly budget's own soft threshold (null: money_soft_percent).")
+    monthly_usd_soft_percent: int | None = Field(
+        None, ge=1, le=100, description="The monthly budget's own soft threshold (null: money_soft_percent).")
 
 
 class KeyOut(Schema):
@@ -138,8 +151,10 @@ class MemberOut(Schema):
 class MemberNew(Schema):
     """A new person (a new account, role ``member``) and what they may do; ``limits`` within the tenant's."""
 
-    username: str = Field(min_length=1, max_length=150)
-    email: str = Field("", max_length=254)
+    username: str = Field(min_length=1, max_length=150,
+                          description="The person's name in the tenant (letters, digits, . + - _); the account is "
+                                      "<username>@<tenant slug>.")
+    email: str = Field("", max_length=254, description="Where the invitation is e-mailed (empty: not sent).")
     max_keys: int = Field(5, ge=0, le=1000)
     allowed_models: list[str] = Field(default_factory=list, max_length=100,
                                       description="Names or globs of the models (routes) their keys may use.")
@@ -147,9 +162,11 @@ class MemberNew(Schema):
 
 
 class MemberInvited(MemberOut):
-    """The person added: ``invite_url`` is where they set their password, returned this once."""
+    """The person invited: ``invite_url`` is where they set their password, returned this once (the newest
+    link only works); ``emailed`` whether it was also e-mailed to them."""
 
     invite_url: str
+    emailed: bool
 
 
 class MemberIn(Schema):
@@ -180,6 +197,9 @@ class UsageRow(Schema):
     completion_tokens: int
     wasted_prompt_tokens: int
     wasted_completion_tokens: int
+    #: Requests whose wasted usage is unknown (a failed attempt reported none): the wasted figures count only
+    #: the others, so they are a lower bound when this is above 0 (``audit.display.wasted_usage_unknown``).
+    wasted_unknown_requests: int
     wasted_seconds: float
     exhausted: int
     recovered: int
@@ -229,6 +249,7 @@ class UsageOut(Schema):
     prompt_tokens: int
     completion_tokens: int
     wasted_completion_tokens: int
+    wasted_unknown_requests: int
     by_member: list[UsageRow]
     money: SpendOut
 
@@ -299,15 +320,30 @@ def members_update(request: HttpRequest, username: str, body: MemberIn) -> dict[
     return _member_out(membership_save(membership=member))
 
 
+def _invited(request: HttpRequest, invited: Invited) -> dict[str, Any]:
+    url = request.build_absolute_uri(invited.invite_path)
+    return {**_member_out(invited.membership), "invite_url": url,
+            "emailed": invitation_mail(invited=invited, url=url)}
+
+
 @api.post("/members", response={201: MemberInvited}, tags=["members"])
 def members_invite(request: HttpRequest, body: MemberNew) -> dict[str, Any]:
-    """Add a new person to the tenant (a new account, role ``member``: their own keys on ``/account/keys/``)
-    with how many keys they may hold, which models their keys may use and their limits and budgets.
-    ``invite_url`` (returned once) is where they set a password. An existing user name is 422."""
+    """Add a new person to the tenant (a new account ``<username>@<tenant slug>``, role ``member``: their own
+    keys on ``/account/keys/``) with how many keys they may hold, which models their keys may use and their
+    limits and budgets. ``invite_url`` (returned once, and e-mailed when ``email`` is given) is where they set
+    a password. 422 for an invalid request, or a name this tenant already gave."""
     limits = body.limits.model_dump(exclude_none=True) if body.limits is not None else {}
     invited = member_invite(tenant=_tenant(request), username=body.username, email=body.email,
                             max_keys=body.max_keys, allowed_models=body.allowed_models, limits=limits)
-    return {**_member_out(invited.membership), "invite_url": request.build_absolute_uri(invited.invite_path)}
+    return _invited(request, invited)  # 201: the only response declared
+
+
+@api.post("/members/{username}/invite", response=MemberInvited, tags=["members"])
+def members_reinvite(request: HttpRequest, username: str) -> dict[str, Any]:
+    """A new invitation link for a person who has not taken theirs (lost or expired): every older link stops
+    working; returned once and e-mailed when their account has an address. 422 once they signed in or set a
+    password (or the account is in use elsewhere)."""
+    return _invited(request, member_reinvite(membership=member_for_tenant(_tenant(request), username)))
 
 
 @api.delete("/members/{username}", response={204: None}, tags=["members"])
@@ -339,7 +375,7 @@ def usage(request: HttpRequest, since: datetime | None = None, until: datetime |
     money = spend(tenant, since=since, until=until)
     return {"tenant": tenant.slug, "since": since, "until": until, "by_member": rows, "money": money,
             **{name: sum(r[name] for r in rows) for name in ("requests", "prompt_tokens", "completion_tokens",
-                                                              "wasted_completion_tokens")}}
+                                                              "wasted_completion_tokens", "wasted_unknown_requests")}}
 
 
 # ----- budgets -----

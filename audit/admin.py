@@ -1,7 +1,7 @@
 """Read-only audit admin (requests, findings, raw fragments), the dashboard, and reports.
 
 Scoping: superusers see every tenant; other staff see the tenants they are members of
-(``tenants.selectors.tenants_for_user``, the one door). Rows of other tenants are not in the
+(``tenants.scoping``, the one door). Rows of other tenants are not in the
 querysets at all, so their pages answer exactly like a missing primary key. Audit rows cannot be
 added, changed or deleted here. The tables grow to millions of rows: lists never count them in full
 (``CappedCountPaginator``, ``show_full_result_count = False``), filters offer choices read from a
@@ -42,11 +42,11 @@ from audit.display import (
 from audit.fragments import CSS, render_context, render_fragment, render_frames, split_frames
 from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from audit.report_services import report_delete
-from audit.scoping import can_manage_audit, can_view_audit, managed_tenant_ids, visible_tenant_ids, visible_tenants
 from audit.tasks import report_enqueue
 from audit.timeline import render_delivered, render_timeline
 from proxy.guard.policy import FragmentStorage
 from tenants.models import Tenant, Upstream
+from tenants.scoping import request_scope
 
 _M = TypeVar("_M", bound=models.Model)
 
@@ -77,7 +77,7 @@ class TenantFilter(admin.SimpleListFilter):
     tenant_field = "tenant_id"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
-        return [(t.pk, t.name) for t in visible_tenants(request)]
+        return [(t.pk, t.name) for t in request_scope(request).tenants()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -99,7 +99,7 @@ class UpstreamFilter(admin.SimpleListFilter):
     parameter_name = "upstream"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
-        rows = Upstream.objects.filter(tenant__in=visible_tenants(request)).select_related("tenant")
+        rows = request_scope(request).limit(Upstream.objects.select_related("tenant"))
         return [(u.pk, f"{u.tenant.slug} / {u.name}") for u in rows]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -210,15 +210,13 @@ class AuditAdmin(ModelAdmin[_M]):
     list_per_page = 50
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:
-        queryset = super().get_queryset(request)
-        ids = visible_tenant_ids(request)
-        return queryset if ids is None else queryset.filter(**{f"{self.tenant_field}__in": ids})
+        return request_scope(request).limit(super().get_queryset(request), self.tenant_field)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return can_view_audit(request)
+        return request_scope(request).sees()
 
     def has_view_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
-        return can_view_audit(request)
+        return request_scope(request).sees()
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -238,7 +236,7 @@ class ReadOnlyInline(TabularInline[_M, Any]):
     show_change_link = False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_view_audit(request)
+        return request_scope(request).sees()
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -551,13 +549,6 @@ class FragmentAdmin(AuditAdmin[Fragment]):
 
 # ----- reports -----
 
-def _managed_tenants(request: HttpRequest) -> QuerySet[Tenant]:
-    """The tenants a report may be requested for: those the user manages (all for superusers)."""
-    ids = managed_tenant_ids(request)
-    tenants = visible_tenants(request)
-    return tenants if ids is None else tenants.filter(pk__in=ids)
-
-
 class ReportForm(forms.ModelForm):  # type: ignore[type-arg]
     """Period, tenants, upstreams and format; choices limited to what the user can see.
 
@@ -591,7 +582,7 @@ class ReportAdmin(ModelAdmin[Report]):
     """
 
     form = ReportForm
-    list_display = ("id", "created", "period", "tenant_list", "format", "status_display", "downloads", "origin",
+    list_display = ("id", "when", "period", "tenant_list", "format", "status_display", "downloads", "origin",
                     "requested_by")
     list_filter = ("status", "format", "origin")
     list_select_related = ("requested_by",)
@@ -603,7 +594,7 @@ class ReportAdmin(ModelAdmin[Report]):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Report]:
         queryset = super().get_queryset(request).prefetch_related("tenants", "upstreams")
-        ids = visible_tenant_ids(request)
+        ids = request_scope(request).seen
         if ids is None:
             return queryset
         links = Report.tenants.through.objects
@@ -619,28 +610,29 @@ class ReportAdmin(ModelAdmin[Report]):
 
     def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "tenants":
-            kwargs["queryset"] = _managed_tenants(request)
+            kwargs["queryset"] = request_scope(request).tenants(managed=True)
         elif db_field.name == "upstreams":
-            kwargs["queryset"] = Upstream.objects.filter(tenant__in=_managed_tenants(request)).select_related("tenant")
+            upstreams = Upstream.objects.select_related("tenant")
+            kwargs["queryset"] = request_scope(request).limit(upstreams, managed=True)
         return super().formfield_for_manytomany(db_field, request, **kwargs)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return can_view_audit(request)
+        return request_scope(request).sees()
 
     def has_view_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
-        return can_view_audit(request)
+        return request_scope(request).sees()
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return can_manage_audit(request)  # viewers only read
+        return request_scope(request).manages()  # viewers only read
 
     def has_change_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Report | None = None) -> bool:
-        return can_view_audit(request) and request.user.is_superuser
+        return request_scope(request).everything
 
     def has_build_permission(self, request: HttpRequest) -> bool:
-        return can_manage_audit(request)
+        return request_scope(request).manages()
 
     #: Seconds between reloads of the list and of a report's page while a report builds.
     refresh_seconds = 3
@@ -674,8 +666,9 @@ class ReportAdmin(ModelAdmin[Report]):
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
         report = form.instance
-        if not report.tenants.exists() and managed_tenant_ids(request) is not None:
-            report.tenants.set(_managed_tenants(request))  # "all" for a member = all the tenants they manage
+        scope = request_scope(request)
+        if not report.tenants.exists() and not scope.everything:
+            report.tenants.set(scope.tenants(managed=True))  # "all" for a member = all the tenants they manage
         report_enqueue(report=report)
 
     def delete_model(self, request: HttpRequest, obj: Report) -> None:
@@ -689,7 +682,7 @@ class ReportAdmin(ModelAdmin[Report]):
     def build_again(self, request: HttpRequest, queryset: QuerySet[Report]) -> None:
         """Re-queue the selected reports (e.g. failed ones, or ones a stopped process left running) that
         cover only tenants the user manages."""
-        managed = managed_tenant_ids(request)
+        managed = request_scope(request).managed
         if managed is not None:
             others = Report.tenants.through.objects.exclude(tenant_id__in=managed).values("report_id")
             queryset = queryset.exclude(pk__in=others)
@@ -699,9 +692,15 @@ class ReportAdmin(ModelAdmin[Report]):
             count += 1
         self.message_user(request, f"Queued {count} report(s).", messages.SUCCESS)
 
+    @admin.display(description="created (UTC)", ordering="created")
+    def when(self, obj: Report) -> SafeString:
+        return _moment(obj.created)
+
     @admin.display(description="period")
-    def period(self, obj: Report) -> str:
-        return f"{obj.since:%Y-%m-%d %H:%M} – {obj.until:%Y-%m-%d %H:%M} UTC"
+    def period(self, obj: Report) -> SafeString:
+        """``since – until UTC``, each end kept on one line (the cell wraps between them)."""
+        return format_html('<span class="tr-nowrap">{}</span> – <span class="tr-nowrap">{} UTC</span>',
+                           f"{obj.since:%Y-%m-%d %H:%M}", f"{obj.until:%Y-%m-%d %H:%M}")
 
     @admin.display(description="tenants")
     def tenant_list(self, obj: Report) -> str:
@@ -725,7 +724,7 @@ class ReportAdmin(ModelAdmin[Report]):
                  for which, field in (("file", obj.file), ("findings", obj.findings_file)) if field]
         if obj.status != Report.Status.DONE or not links:
             return "–"
-        return format_html_join(" · ", '<a href="{}">{}</a>', links)
+        return format_html_join("", '<a class="tr-download" href="{}">{}</a>', links)
 
     def get_urls(self) -> list[URLPattern]:
         download = path("<int:report_id>/download/<str:which>/", self.admin_site.admin_view(self.download_view),
@@ -736,7 +735,7 @@ class ReportAdmin(ModelAdmin[Report]):
         """Stream a report file to a user who may see the report; 404 otherwise (missing or not theirs)."""
         report = self.get_queryset(request).filter(pk=report_id).first()
         field = {"file": "file", "findings": "findings_file"}.get(which)
-        if report is None or field is None or not getattr(report, field) or not can_view_audit(request):
+        if report is None or field is None or not getattr(report, field) or not request_scope(request).sees():
             raise Http404("No such report file.")
         stored = getattr(report, field)
         return FileResponse(stored.open("rb"), as_attachment=True, filename=stored.name.rsplit("/", 1)[-1])

@@ -3,7 +3,7 @@
 Authenticated by the admin session (``AuthMiddlewareStack`` in ``config/asgi.py``, behind
 ``AllowedHostsOriginValidator``) with the admin's own rule: active staff who see some tenant, and a
 second factor where the admin asks for one (``tenants.admin_site.otp_required``). Scoped like every
-audit view (``audit.scoping`` -> ``tenants.selectors.tenants_for_user``): a member joins the groups of
+audit view (``tenants.scoping``): a member joins the groups of
 their tenants, a superuser ``incidents.all``; everyone also joins ``incidents.system`` (the journal's
 state, no tenant data). Memberships are read when the socket opens and again every
 ``LIVE_FEED_RECHECK_SECONDS`` with the session (issue 24 item 11): a socket whose session ended (logout,
@@ -31,7 +31,7 @@ from django_otp.models import Device
 
 from audit import incident_feed
 from tenants.admin_site import OIDC_BACKEND, otp_required
-from tenants.selectors import tenants_for_user
+from tenants.scoping import scope_for_user
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,8 @@ def feed_scope(user: Any, session: Any) -> frozenset[int] | None | bool:
         return False
     if not (user.is_active and user.is_staff) or not _verified(user, session):
         return False
-    if user.is_superuser:
-        return None
-    ids = frozenset(tenants_for_user(user).values_list("pk", flat=True))
-    return ids or False
+    ids = scope_for_user(user).seen
+    return ids if ids is None else ids or False
 
 
 def current_scope(user_id: Any, session_key: str | None) -> frozenset[int] | None | bool:

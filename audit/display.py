@@ -19,7 +19,7 @@ from audit.models import Attempt, ProxyRequest
 
 Outcome = ProxyRequest.Outcome
 #: Outcomes the "problems only" list shows: the guard repaired or retried, or the client got no
-#: usable answer. ``normalized`` (dialect quirks absorbed) and cancellations by the client are routine.
+#: usable answer. ``normalized`` (upstream quirks absorbed) and cancellations by the client are routine.
 PROBLEM_OUTCOMES = (Outcome.REPAIRED, Outcome.RECOVERED, Outcome.EXHAUSTED, Outcome.UPSTREAM_ERROR, Outcome.REJECTED)
 #: Outcomes whose last attempt was the answer the client got (the others wasted every attempt).
 USABLE_OUTCOMES = (Outcome.CLEAN, Outcome.NORMALIZED, Outcome.REPAIRED, Outcome.RECOVERED)

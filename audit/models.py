@@ -129,7 +129,8 @@ class Attempt(models.Model):
         constraints = [models.UniqueConstraint(fields=["request", "number"], name="attempt_unique_number")]
 
     def __str__(self) -> str:
-        return f"attempt {self.number} of #{self.request_id}: {self.outcome}"
+        # 1-based like everywhere a person reads it (``audit.display.attempt_ordinal``); ``number`` is 0-based.
+        return f"attempt {self.number + 1} of #{self.request_id}: {self.outcome}"
 
 
 class Finding(models.Model):

@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Count, DecimalField, F, IntegerField, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
+from audit.display import wasted_usage_unknown
 from audit.models import Attempt, Finding, ProxyRequest
 from audit.reports import CORRUPTED, GUARDED, Scope, rate, seconds
 from audit.usage import AGENT_LOOP, FAILED_ATTEMPTS, LIMIT_HIT, RETRY_BUDGET_SPENT
@@ -37,6 +38,7 @@ MEMBER_TOTALS: dict[str, Callable[[], Any]] = {
     "n_completion": lambda: _sum("completion_tokens"),
     "n_wasted_completion": lambda: _sum("wasted_completion_tokens"),
     "n_wasted_ms": lambda: Coalesce(Sum("wasted_ms"), 0.0),
+    "n_wasted_unknown": lambda: Count("pk", filter=wasted_usage_unknown()),
     "n_guarded": lambda: Count("pk", filter=GUARDED),
     "n_corrupted": lambda: Count("pk", filter=CORRUPTED),
     "n_exhausted": lambda: Count("pk", filter=Q(outcome=Outcome.EXHAUSTED)),
@@ -48,19 +50,22 @@ MEMBER_TOTALS: dict[str, Callable[[], Any]] = {
 }
 #: The output columns of ``member_rows`` in order (CSV, report HTML).
 MEMBER_COLUMNS = ("member", "tenant", "requests", "prompt_tokens", "completion_tokens", "wasted_prompt_tokens",
-                  "wasted_completion_tokens", "wasted_seconds", "corrupted", "corruption_rate", "exhausted",
-                  "recovered", "loops_broken", "limits_hit", "retry_budget_spent", "incidents", "cost_usd",
-                  "wasted_usd", "unpriced")
+                  "wasted_completion_tokens", "wasted_unknown_requests", "wasted_seconds", "corrupted",
+                  "corruption_rate", "exhausted", "recovered", "loops_broken", "limits_hit", "retry_budget_spent",
+                  "incidents", "cost_usd", "wasted_usd", "unpriced")
 
 
 def member_row(r: dict[str, Any], wasted_prompt: int, loops: int) -> dict[str, Any]:
     """One grouped row (``MEMBER_TOTALS`` names) as output; ``incidents`` = exhausted + recovered by retry +
-    loops broken (what the live incident feed shows per request)."""
+    loops broken (what the live incident feed shows per request); ``wasted_unknown_requests``: the requests whose
+    wasted usage is unknown (``audit.display.wasted_usage_unknown``), so the wasted figures read as the request
+    pages read them (``audit.display.wasted_figure``)."""
     return {
         "member_id": r["member_id"], "member": r["member__user__username"] or "(tenant keys)",
         "tenant": r["tenant__slug"], "requests": r["n_requests"], "prompt_tokens": int(r["n_prompt"]),
         "completion_tokens": int(r["n_completion"]), "wasted_prompt_tokens": wasted_prompt,
-        "wasted_completion_tokens": int(r["n_wasted_completion"]), "wasted_seconds": seconds(r["n_wasted_ms"]),
+        "wasted_completion_tokens": int(r["n_wasted_completion"]),
+        "wasted_unknown_requests": int(r.get("n_wasted_unknown") or 0), "wasted_seconds": seconds(r["n_wasted_ms"]),
         "cost_usd": round(float(r.get("n_cost") or 0), 10), "wasted_usd": round(float(r.get("n_wasted_usd") or 0), 10),
         "unpriced": r.get("n_unpriced") or 0,
         "corrupted": r["n_corrupted"], "corruption_rate": rate(r["n_corrupted"], r["n_guarded"]),

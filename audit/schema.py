@@ -67,6 +67,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
 #: Per member (``audit.people``): in built reports, not in the dashboard's figures (so not required).
 SUMMARY_SCHEMA["properties"]["by_member"] = _rows(
     member_id={"type": ["integer", "null"]}, member=_TEXT, tenant=_TEXT, requests=_INT, prompt_tokens=_INT,
-    completion_tokens=_INT, wasted_prompt_tokens=_INT, wasted_completion_tokens=_INT, wasted_seconds=_SECONDS,
-    corrupted=_INT, corruption_rate=_RATE, exhausted=_INT, recovered=_INT, loops_broken=_INT, limits_hit=_INT,
-    retry_budget_spent=_INT, incidents=_INT, cost_usd=_USD, wasted_usd=_USD, unpriced=_INT)
+    completion_tokens=_INT, wasted_prompt_tokens=_INT, wasted_completion_tokens=_INT, wasted_unknown_requests=_INT,
+    wasted_seconds=_SECONDS, corrupted=_INT, corruption_rate=_RATE, exhausted=_INT, recovered=_INT,
+    loops_broken=_INT, limits_hit=_INT, retry_budget_spent=_INT, incidents=_INT, cost_usd=_USD, wasted_usd=_USD,
+    unpriced=_INT)

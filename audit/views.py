@@ -28,10 +28,10 @@ from audit.incidents import KINDS, Incident, incident
 from audit.models import Finding, ProxyRequest
 from audit.people import usage_rows_by_member
 from audit.reports import Scope, build_figures
-from audit.scoping import can_manage_audit, can_view_audit, visible_tenant_ids, visible_tenants
 from audit.usage import COLUMNS, usage_over_time, usage_rows
 from tenants.models import Tenant, Upstream
 from tenants.pools import live_rates
+from tenants.scoping import request_scope
 
 MAX_DAYS = 366
 #: The default period looks back this far, and zooms in on the data when it covers less.
@@ -69,7 +69,7 @@ class DashboardForm(forms.Form):
         self.request = request
         field = self.fields["tenant"]
         assert isinstance(field, forms.ModelChoiceField)
-        field.queryset = visible_tenants(request)
+        field.queryset = request_scope(request).tenants()
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -96,7 +96,7 @@ def _midnight(day: date) -> datetime:
 
 def _tenant_ids(data: dict[str, Any], request: HttpRequest) -> tuple[int, ...] | None:
     tenant = data.get("tenant")
-    ids = visible_tenant_ids(request)
+    ids = request_scope(request).seen
     return (tenant.pk,) if tenant is not None else None if ids is None else tuple(sorted(ids))
 
 
@@ -160,7 +160,7 @@ def _live_rates(tenant_ids: tuple[int, ...] | None) -> list[dict[str, Any]]:
 
 def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
     """Render the dashboard for the period and tenant in the query string (default: ``default_period``)."""
-    if not can_view_audit(request):
+    if not request_scope(request).sees():
         raise PermissionDenied
     form = DashboardForm(request.GET, request=request)  # every field optional: no query = defaults
     context: dict[str, Any] = {**admin_site.each_context(request), "title": "Audit dashboard", "form": form}
@@ -175,7 +175,7 @@ def dashboard(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
         context.update(live_rates=_live_rates(scope.tenant_ids))
         context.update(presets=_preset_links(tenant), report_link=_report_link(scope), tenant=tenant,
                        usage_link=reverse("admin:audit_usage") + "?" + urlencode(usage_query),
-                       can_request_report=can_manage_audit(request),
+                       can_request_report=request_scope(request).manages(),
                        all_requests=links.requests(), problem_requests=links.requests(show="problems"),
                        # The inputs show the period in effect (also when it is the default).
                        form=DashboardForm(initial={"since": scope.since, "until": scope.until, "tenant": tenant},
@@ -220,11 +220,11 @@ def _recent_incidents(tenant_ids: frozenset[int] | None) -> list[Incident]:
 
 def incidents(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
     """The live incident feed: the recent incidents, then new ones over the WebSocket (``audit.consumers``)."""
-    if not can_view_audit(request):
+    if not request_scope(request).sees():
         raise PermissionDenied
-    ids = visible_tenant_ids(request)
-    tenants = visible_tenants(request)
-    upstreams = Upstream.objects.filter(tenant__in=tenants).select_related("tenant")
+    scope = request_scope(request)
+    ids, tenants = scope.seen, scope.tenants()
+    upstreams = scope.limit(Upstream.objects.select_related("tenant"))
     context: dict[str, Any] = {
         **admin_site.each_context(request), "title": "Live incidents",
         "recent": _recent_incidents(ids),
@@ -249,7 +249,7 @@ class UsageForm(DashboardForm):
 def usage(request: HttpRequest, admin_site: AdminSite) -> HttpResponse:
     """Usage per key, member, tenant, model or upstream for the period (``audit.usage``), with charts; ``?format=csv``
     downloads the table through the safe CSV writer (``audit.exports``)."""
-    if not can_view_audit(request):
+    if not request_scope(request).sees():
         raise PermissionDenied
     form = UsageForm(request.GET, request=request)
     context: dict[str, Any] = {**admin_site.each_context(request), "title": "Usage", "form": form}

@@ -167,9 +167,11 @@ JOURNAL_PING_SECONDS = envfloat("JOURNAL_PING_SECONDS", 5.0)
 DB_CALL_TIMEOUT_SECONDS = envfloat("DB_CALL_TIMEOUT_SECONDS", 5.0)
 #: Upper bound on a whole client request (upstream's and route's own deadlines can only shorten it).
 REQUEST_DEADLINE_SECONDS = envfloat("REQUEST_DEADLINE_SECONDS", 600.0)
-#: Retries start only within this many seconds of the request's arrival, and a retry's wait for its
-#: first byte ends with it: a stalling upstream holds a client this long at most, not N x its timeout.
-RETRY_BUDGET_SECONDS = envfloat("RETRY_BUDGET_SECONDS", 120.0)
+#: The retry deadline: retries start only within this many seconds of the request's arrival, and a retry's
+#: wait for its first byte ends with it: a stalling upstream holds a client this long at most, not N x its
+#: timeout. (Not the tenant's retry budget, a share of its requests: ``RETRY_BUDGET_*`` below.) The
+#: variable's old name ``RETRY_BUDGET_SECONDS`` is still read when the new one is not set.
+RETRY_DEADLINE_SECONDS = envfloat("RETRY_DEADLINE_SECONDS", envfloat("RETRY_BUDGET_SECONDS", 120.0))
 # Cut text streams continued (docs/routing.md, "Cut text streams continued"; a route's continue_text):
 # at most this many continuations per request, and none once more than this many characters of text
 # were delivered (the prefix is sent back upstream whole).
@@ -404,6 +406,21 @@ OIDC_RP_SCOPES = envstr("OIDC_RP_SCOPES", "openid email profile")
 #: New users from the identity provider are created without staff status: a superuser grants it.
 OIDC_CREATE_USER = envbool("OIDC_CREATE_USER", True)
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID and OIDC_OP_AUTHORIZATION_ENDPOINT and OIDC_OP_TOKEN_ENDPOINT)
+
+# ----- e-mail (Django's mail framework): invitations (tenants.services.invitation_mail) -----
+#: The console backend (the message on the server's stdout) unless an SMTP server is configured, e.g.
+#: ``django.core.mail.backends.smtp.EmailBackend``.
+EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = envstr("EMAIL_HOST", "localhost")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_HOST_USER = envstr("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = envstr("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+#: Seconds an SMTP connection may take (an invitation is sent during the admin's request).
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "toolrelay <toolrelay@localhost>")
+
 LOGIN_REDIRECT_URL = "/admin/"
 LOGOUT_REDIRECT_URL = "/admin/login/"
 

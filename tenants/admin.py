@@ -1,7 +1,7 @@
 """Admin for tenants, API keys, upstreams, routes and memberships, scoped to the user's tenants.
 
 Superusers see everything. Other staff users see the rows of the tenants they are members of
-(``tenants.selectors.tenants_for_user``): the ``admin`` role may change them, ``viewer`` only looks.
+(``tenants.scoping``, the one door): the ``admin`` role may change them, ``viewer`` only looks.
 Rows of other tenants are not in the querysets at all, so their change pages answer exactly like a
 missing primary key. Writes with side effects go through ``tenants.services``. Secrets are
 write-only: a new API key is shown once, on the page the form redirects to (a reload does not show
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from django import forms
@@ -29,7 +29,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from tenants import crypto, revocation
-from tenants.admin_invite import MemberInviteForm, invite_link, invite_or_errors
+from tenants.admin_invite import MemberInviteForm, invitation_context, invite_or_errors
 from tenants.admin_site import register_login_trail
 from tenants.limits import HOLDER_NAMES, LIMIT_NAMES
 from tenants.models import (
@@ -47,12 +47,13 @@ from tenants.models import (
 )
 from tenants.policy_forms import PolicyFormMixin, policy_summary
 from tenants.pools import upstreams_status
-from tenants.selectors import tenants_for_user
+from tenants.scoping import request_scope
 from tenants.services import (
     api_key_create,
     api_key_revoke,
     learned_limit_forget,
     learned_limit_save,
+    member_reinvite,
     upstream_key_add,
 )
 
@@ -61,45 +62,6 @@ _M = TypeVar("_M", bound=models.Model)
 POLICY_HELP = "“inherit” takes {}."
 #: Session entry holding a just-created key (encrypted) until the page that shows it is loaded.
 NEW_KEY_SESSION = "toolrelay_new_api_key"
-
-
-# ----- who may do what -----
-
-def _is_staff(request: HttpRequest) -> bool:
-    user = request.user
-    return bool(user.is_active and user.is_staff)
-
-
-def _roles(request: HttpRequest) -> dict[int, str]:
-    """Tenant id -> the user's role there, read once per request (admin pages ask many times)."""
-    cached: dict[int, str] | None = getattr(request, "_tenant_roles", None)
-    if cached is None:
-        rows = Membership.objects.filter(user_id=cast(int, request.user.pk), tenant__in=tenants_for_user(request.user))
-        cached = dict(rows.values_list("tenant_id", "role"))
-        request._tenant_roles = cached  # type: ignore[attr-defined]
-    return cached
-
-
-def _allowed(request: HttpRequest, tenant_id: int | None, action: str) -> bool:
-    """May the user ``view`` / ``change`` rows of ``tenant_id`` (None: of some tenant)?"""
-    if not _is_staff(request):
-        return False
-    if request.user.is_superuser:
-        return True
-    wanted = {Membership.ADMIN, Membership.VIEWER} if action == "view" else {Membership.ADMIN}
-    roles = _roles(request)
-    if tenant_id is None:
-        return any(role in wanted for role in roles.values())
-    return roles.get(tenant_id) in wanted
-
-
-def managed_tenants(request: HttpRequest) -> QuerySet[Tenant]:
-    """Tenants the user may change: all for superusers, those where the user is an ``admin`` member."""
-    tenants = tenants_for_user(request.user)
-    if request.user.is_superuser:
-        return tenants
-    admin_of = [pk for pk, role in _roles(request).items() if role == Membership.ADMIN]
-    return tenants.filter(pk__in=admin_of)
 
 
 class TenantScopedAdmin(ModelAdmin[_M]):
@@ -112,10 +74,7 @@ class TenantScopedAdmin(ModelAdmin[_M]):
     tenant_path = "tenant"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[_M]:
-        queryset = super().get_queryset(request)
-        if request.user.is_superuser and _is_staff(request):
-            return queryset
-        return queryset.filter(**{f"{self.tenant_path}__in": tenants_for_user(request.user)})
+        return request_scope(request).limit(super().get_queryset(request), self.tenant_path)
 
     def tenant_id_of(self, obj: _M) -> int:
         """The id of the tenant that owns ``obj``."""
@@ -125,19 +84,19 @@ class TenantScopedAdmin(ModelAdmin[_M]):
         return None if obj is None else self.tenant_id_of(obj)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return _allowed(request, None, "view")
+        return request_scope(request).sees()
 
     def has_view_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
-        return _allowed(request, self._tenant_of(obj), "view")
+        return request_scope(request).sees(self._tenant_of(obj))
 
     def has_change_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
-        return _allowed(request, self._tenant_of(obj), "change")
+        return request_scope(request).manages(self._tenant_of(obj))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return _allowed(request, None, "change")
+        return request_scope(request).manages()
 
     def has_delete_permission(self, request: HttpRequest, obj: _M | None = None) -> bool:
-        return _allowed(request, self._tenant_of(obj), "change")
+        return request_scope(request).manages(self._tenant_of(obj))
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         kwargs.setdefault("queryset", _scoped_choices(db_field, request))
@@ -147,9 +106,9 @@ class TenantScopedAdmin(ModelAdmin[_M]):
 def _scoped_choices(db_field: Any, request: HttpRequest) -> QuerySet[Any] | None:
     """Foreign-key choices limited to what the user manages (None: leave the field alone)."""
     if db_field.related_model is Tenant:
-        return managed_tenants(request)
+        return request_scope(request).tenants(managed=True)
     if db_field.related_model is Upstream:
-        return Upstream.objects.filter(tenant__in=managed_tenants(request)).select_related("tenant")
+        return request_scope(request).limit(Upstream.objects.select_related("tenant"), managed=True)
     return None
 
 
@@ -160,7 +119,7 @@ class TenantFilter(admin.SimpleListFilter):
     parameter_name = "tenant"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
-        return [(tenant.pk, tenant.name) for tenant in tenants_for_user(request.user)]
+        return [(tenant.pk, tenant.name) for tenant in request_scope(request).tenants()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -186,7 +145,7 @@ class ApiKeyInline(TabularInline[ApiKey, Tenant]):
         return obj.display
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, None if obj is None else obj.pk, "view")
+        return request_scope(request).sees(None if obj is None else obj.pk)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -291,10 +250,10 @@ class TenantAdmin(PolicyAdminMixin, TenantScopedAdmin[Tenant]):
         return int(getattr(obj, "active_key_count", 0))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return _is_staff(request) and request.user.is_superuser
+        return request_scope(request).everything
 
     def has_delete_permission(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
-        return _is_staff(request) and request.user.is_superuser
+        return request_scope(request).everything
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -380,7 +339,7 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
     @admin.action(description="Revoke the selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         """Revoke (through ``api_key_revoke``) the selected keys of tenants the user manages."""
-        keys = queryset.filter(tenant__in=managed_tenants(request), revoked_at__isnull=True)
+        keys = request_scope(request).limit(queryset, managed=True).filter(revoked_at__isnull=True)
         count = 0
         for key in keys:
             api_key_revoke(key=key)
@@ -403,7 +362,8 @@ class ApiKeyAdmin(TenantScopedAdmin[ApiKey]):
         if not self.has_add_permission(request):
             raise PermissionDenied
         data = request.POST if request.method == "POST" else None
-        form = ApiKeyCreateForm(data, tenants=managed_tenants(request), initial={"tenant": request.GET.get("tenant")})
+        form = ApiKeyCreateForm(data, tenants=request_scope(request).tenants(managed=True),
+                                initial={"tenant": request.GET.get("tenant")})
         if data is not None and form.is_valid():
             key, raw = api_key_create(tenant=form.cleaned_data["tenant"], name=form.cleaned_data["name"],
                                       expires=form.cleaned_data["expires"])
@@ -553,16 +513,16 @@ class UpstreamCredentialInline(TabularInline[UpstreamCredential, Upstream]):
         return None if obj is None else obj.tenant_id
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._tenant(obj), "view")
+        return request_scope(request).sees(self._tenant(obj))
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._tenant(obj), "change")
+        return request_scope(request).manages(self._tenant(obj))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._tenant(obj), "change")
+        return request_scope(request).manages(self._tenant(obj))
 
 
 @admin.register(Upstream)
@@ -659,16 +619,16 @@ class RouteFallbackInline(TabularInline[RouteFallback, ModelRoute]):
         return None if obj is None else obj.tenant_id
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._route_tenant(obj), "view")
+        return request_scope(request).sees(self._route_tenant(obj))
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._route_tenant(obj), "change")
+        return request_scope(request).manages(self._route_tenant(obj))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._route_tenant(obj), "change")
+        return request_scope(request).manages(self._route_tenant(obj))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _allowed(request, self._route_tenant(obj), "change")
+        return request_scope(request).manages(self._route_tenant(obj))
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         kwargs.setdefault("queryset", _scoped_choices(db_field, request))
@@ -803,7 +763,8 @@ class UpstreamLearnedLimitAdmin(TenantScopedAdmin[UpstreamLearnedLimit]):
     @admin.action(description="Forget the selected limits (send what clients ask again)", permissions=["change"])
     def forget(self, request: HttpRequest, queryset: QuerySet[UpstreamLearnedLimit]) -> None:
         count = 0
-        for limit in queryset.filter(upstream__tenant__in=managed_tenants(request)).select_related("upstream"):
+        mine = request_scope(request).limit(queryset, "upstream__tenant", managed=True)
+        for limit in mine.select_related("upstream"):
             learned_limit_forget(limit=limit)
             self.log_change(request, limit, "Forgotten (expired now).")
             count += 1
@@ -844,21 +805,20 @@ class MembershipAdmin(TenantScopedAdmin[Membership]):
         revocation.tenant_changed(obj.tenant_id)
 
     def has_change_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
-        return _is_staff(request) and (request.user.is_superuser or _allowed(request, self._tenant_of(obj), "change"))
+        return request_scope(request).manages(self._tenant_of(obj))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Superusers (any account, any role); a tenant's admins add new people as members
         (``tenants.admin_invite``)."""
-        return _is_staff(request) and (request.user.is_superuser or _allowed(request, None, "change"))
+        return request_scope(request).manages()
 
     def has_delete_permission(self, request: HttpRequest, obj: Membership | None = None) -> bool:
         """Superusers; a tenant's admins remove its ``member`` people (their keys are revoked), not its
         admins or viewers (access is a superuser's to grant and take)."""
-        if not _is_staff(request):
-            return False
-        if request.user.is_superuser:
+        scope = request_scope(request)
+        if scope.everything:
             return True
-        return (obj is None or obj.role == Membership.MEMBER) and _allowed(request, self._tenant_of(obj), "change")
+        return (obj is None or obj.role == Membership.MEMBER) and scope.manages(self._tenant_of(obj))
 
     def get_actions(self, request: HttpRequest) -> Any:
         """No bulk delete for tenant admins (it would skip the per-row role check of ``has_delete_permission``)."""
@@ -875,17 +835,43 @@ class MembershipAdmin(TenantScopedAdmin[Membership]):
             return super().add_view(request, form_url, extra_context)
         if not self.has_add_permission(request):
             raise PermissionDenied
-        tenants = managed_tenants(request)
+        tenants = request_scope(request).tenants(managed=True)
         form = MemberInviteForm(request.POST if request.method == "POST" else None, tenants=tenants,
                                 initial={"tenant": request.GET.get("tenant"), "max_keys": 5})
         invited = invite_or_errors(form) if request.method == "POST" else None
         request.current_app = self.admin_site.name
         context = {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
-                   "title": "Add a person", "invited": invited,
-                   "link": invite_link(request, invited) if invited else None,
-                   "hours": settings.PASSWORD_RESET_TIMEOUT // 3600}
+                   "title": "Add a person", "submit": "Add and show the invitation link",
+                   **(invitation_context(request, invited) if invited else {})}
         if invited is not None:
             self.log_addition(request, invited.membership, [{"added": {}}])
+        response = TemplateResponse(request, "admin/tenants/membership/invite.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.reinvite_view)
+        return [path("<path:object_id>/invite/", view, name="tenants_membership_invite"), *super().get_urls()]
+
+    def reinvite_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """``<membership>/invite/``: GET asks, POST sends a new invitation link to a person who has not taken
+        theirs (``member_reinvite``: older links stop working), shown once and e-mailed when they have an
+        address. A row the user may not change is a missing one (404)."""
+        obj = self.get_object(request, object_id)
+        if obj is None or not self.has_change_permission(request, obj):
+            raise Http404("No such membership.")
+        request.current_app = self.admin_site.name
+        context: dict[str, Any] = {**self.admin_site.each_context(request), "opts": self.opts,
+                                   "title": "Send a new invitation", "reinvite": obj, "form": forms.Form(),
+                                   "submit": "Send a new invitation link"}
+        if request.method == "POST":
+            try:
+                invited = member_reinvite(membership=obj)
+            except ValidationError as exc:
+                self.message_user(request, " ".join(exc.messages), messages.ERROR)
+                return HttpResponseRedirect(reverse("admin:tenants_membership_change", args=[obj.pk]))
+            self.log_change(request, obj, "Sent a new invitation link.")
+            context.update(invitation_context(request, invited, again=True))
         response = TemplateResponse(request, "admin/tenants/membership/invite.html", context)
         response["Cache-Control"] = "no-store"
         return response

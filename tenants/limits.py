@@ -5,7 +5,8 @@ plus output tokens per minute, ``concurrency`` requests in flight at once, ``dai
 ``monthly_tokens`` tokens per UTC calendar day and month; ``daily_usd``, ``weekly_usd`` and
 ``monthly_usd`` money budgets in USD per UTC day, ISO week (from Monday) and calendar month, priced by
 ``billing`` (``proxy.policy.limits``: reserved before the upstream call, settled to the real cost after);
-``money_soft_percent`` the holder's soft threshold for those budgets (percent, 1-100; None: 80).
+``money_soft_percent`` the holder's soft threshold for those budgets (percent, 1-100; None: 80), and
+``daily_usd_soft_percent`` ... ``monthly_usd_soft_percent`` one budget's own (None: the holder's).
 A key's (and a member's) limits apply within its tenant's: a request is checked against all of them.
 """
 
@@ -22,8 +23,12 @@ MONEY_NAMES = ("daily_usd", "weekly_usd", "monthly_usd")
 #: records a ``money-budget-threshold`` finding (None: ``MONEY_SOFT_PERCENT``). Not a limit: it refuses nothing
 #: and is not bounded by the tenant's.
 SOFT_NAME = "money_soft_percent"
-#: Every column a holder's ``Limits`` reads: the limits and the soft threshold (commands, admin, API).
-HOLDER_NAMES = (*LIMIT_NAMES, SOFT_NAME)
+#: Per money budget, its own soft threshold (percent, 1-100; None: the holder's ``money_soft_percent``).
+WINDOW_SOFT_NAMES = {name: f"{name}_soft_percent" for name in MONEY_NAMES}
+#: Every soft threshold column: the holder's, then each budget's own.
+SOFT_NAMES = (SOFT_NAME, *WINDOW_SOFT_NAMES.values())
+#: Every column a holder's ``Limits`` reads: the limits and the soft thresholds (commands, admin, API).
+HOLDER_NAMES = (*LIMIT_NAMES, *SOFT_NAMES)
 #: The most USD a money budget may say (a typo guard).
 MAX_USD = 10**9
 
@@ -32,7 +37,7 @@ def _value(name: str, value: Any) -> int | float | None:
     """A limit's value as ``Limits`` holds it: whole numbers, USD as float (a ``Decimal`` column too)."""
     if value is None or isinstance(value, bool):
         return None
-    if name == SOFT_NAME:
+    if name in SOFT_NAMES:
         return value if isinstance(value, int) and 1 <= value <= 100 else None
     if name in MONEY_NAMES:
         try:
@@ -56,6 +61,9 @@ class Limits:
     weekly_usd: float | None = None
     monthly_usd: float | None = None
     money_soft_percent: int | None = None
+    daily_usd_soft_percent: int | None = None
+    weekly_usd_soft_percent: int | None = None
+    monthly_usd_soft_percent: int | None = None
 
     @classmethod
     def of(cls, row: Any) -> Limits:
@@ -70,9 +78,15 @@ class Limits:
         return cls(**{n: _value(n, v) for n, v in data.items() if n in HOLDER_NAMES})  # type: ignore[arg-type]
 
     def as_json(self) -> dict[str, int | float | None]:
-        """``{"rpm": N | None, ..., "money_soft_percent": N | None}`` in ``HOLDER_NAMES`` order (``limits show
-        --json``)."""
+        """``{"rpm": N | None, ..., "money_soft_percent": N | None, "daily_usd_soft_percent": N | None, ...}`` in
+        ``HOLDER_NAMES`` order (``limits show --json``)."""
         return asdict(self)
+
+    def soft_percent(self, budget: str) -> int | None:
+        """The soft threshold of money budget ``budget`` (a ``MONEY_NAMES`` name): its own, else the holder's
+        ``money_soft_percent``; None: neither is set (``MONEY_SOFT_PERCENT`` applies)."""
+        own = getattr(self, WINDOW_SOFT_NAMES.get(budget, SOFT_NAME), None)
+        return own if own is not None else self.money_soft_percent
 
     @property
     def money(self) -> bool:

@@ -152,6 +152,16 @@ class LimitFields(models.Model):
         "soft threshold (%)", null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="Percent of each money budget above past which the tenant's alert webhooks and the live feed are "
                   "told, once per budget and period (empty: MONEY_SOFT_PERCENT, 80).")
+    daily_usd_soft_percent = models.PositiveSmallIntegerField(
+        "daily soft threshold (%)", null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="The daily budget's own soft threshold (empty: the soft threshold above).")
+    weekly_usd_soft_percent = models.PositiveSmallIntegerField(
+        "weekly soft threshold (%)", null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="The weekly budget's own soft threshold (empty: the soft threshold above).")
+    monthly_usd_soft_percent = models.PositiveSmallIntegerField(
+        "monthly soft threshold (%)", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="The monthly budget's own soft threshold (empty: the soft threshold above).")
 
     class Meta:
         abstract = True

@@ -1,7 +1,8 @@
 """The one door for tenant-owned rows (STYLE.md rule 6).
 
-Admin views and services fetch tenant-owned rows only through the ``*_for_tenant`` / ``*_for_user``
-helpers, which raise the same ``NotFound`` for "missing" and "someone else's". The proxy path's door
+Admin views and services fetch tenant-owned rows only through the ``*_for_tenant`` / ``*_for_member``
+helpers, which raise the same ``NotFound`` for "missing" and "someone else's"; which tenants a person
+may see or manage is ``tenants.scoping``'s (``TenantScope``). The proxy path's door
 is ``tenants.auth.authorize`` (an API key -> a frozen, ORM-free ``Principal``).
 """
 
@@ -19,32 +20,6 @@ class NotFound(Exception):
 
 
 # ----- tenant-scoped reads for admin, services and tests -----
-
-def tenants_for_user(user: Any) -> QuerySet[Tenant]:
-    """Tenants ``user`` may see in the admin, dashboard and usage pages: all for superusers, their
-    ``admin`` / ``viewer`` memberships' for staff, none otherwise (a ``member`` sees only their own keys)."""
-    if not getattr(user, "is_active", False) or not getattr(user, "is_staff", False):
-        return Tenant.objects.none()
-    if user.is_superuser:
-        return Tenant.objects.all()
-    return Tenant.objects.filter(memberships__user=user, memberships__role__in=Membership.STAFF_ROLES).distinct()
-
-
-def tenant_for_user(user: Any, tenant_id: Any) -> Tenant:
-    """The tenant ``tenant_id`` if ``user`` may see it; else ``NotFound``."""
-    tenant = tenants_for_user(user).filter(pk=_pk(tenant_id)).first()
-    if tenant is None:
-        raise NotFound("tenant")
-    return tenant
-
-
-def role_for_user(user: Any, tenant: Tenant) -> str | None:
-    """``admin`` / ``viewer`` / ``member`` for a member, ``admin`` for superusers, else None."""
-    if getattr(user, "is_superuser", False):
-        return Membership.ADMIN
-    membership = Membership.objects.filter(user=user, tenant=tenant).first()
-    return membership.role if membership else None
-
 
 def upstreams_for_tenant(tenant: Tenant) -> QuerySet[Upstream]:
     return Upstream.objects.filter(tenant=tenant)
@@ -116,8 +91,13 @@ def members_for_tenant(tenant: Tenant) -> QuerySet[Membership]:
 
 
 def member_for_tenant(tenant: Tenant, username: str) -> Membership:
-    """The membership of user ``username`` in ``tenant``; ``NotFound`` when none (or another tenant's)."""
-    membership = members_for_tenant(tenant).filter(user__username=str(username)[:150]).first()
+    """The membership of user ``username`` in ``tenant`` (an account name, or a person's handle in the tenant:
+    ``alice`` for ``alice@<tenant slug>``, ``tenants.services.tenant_username``); ``NotFound`` when none (or
+    another tenant's)."""
+    name = str(username)[:150]
+    members = members_for_tenant(tenant)
+    membership = members.filter(user__username=name).first() \
+        or members.filter(user__username=f"{name}@{tenant.slug}"[:150]).first()
     if membership is None:
         raise NotFound("member")
     return membership

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -16,7 +17,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from tenants import crypto, revocation
-from tenants.limits import HOLDER_NAMES, MAX_USD, MONEY_NAMES, SOFT_NAME, Limits
+from tenants.limits import HOLDER_NAMES, MAX_USD, MONEY_NAMES, SOFT_NAMES, Limits
 from tenants.models import (
     API_KEY_PREFIX,
     ApiKey,
@@ -85,33 +86,38 @@ def membership_save(*, membership: Membership) -> Membership:
 
 @dataclass(frozen=True, slots=True)
 class Invited:
-    """A person a tenant admin added: the membership, and the path (``/account/invite/<uid>/<token>/``) on
-    which they set their password, valid ``PASSWORD_RESET_TIMEOUT`` seconds and until a password is set."""
+    """A person a tenant admin added (or invited again): the membership, and the path
+    (``/account/invite/<uid>/<token>/``) on which they set their password, valid ``PASSWORD_RESET_TIMEOUT``
+    seconds, once, and only while it is the newest invitation (``member_reinvite`` voids the older ones)."""
 
     membership: Membership
     invite_path: str
 
 
+#: Between the person's name in their tenant and the tenant's slug in the account name (``alice@acme``).
+HANDLE_SEPARATOR = "@"
+
+
 def member_invite(*, tenant: Tenant, username: str, email: str = "", max_keys: int = 5,
                   allowed_models: list[str] | None = None,
                   limits: Mapping[str, int | float | Decimal | None] | None = None) -> Invited:
-    """Add a new person to ``tenant`` as a tenant admin may: a new account ``username`` (no usable password;
-    they set one on the invite path, or sign in by single sign-on) with the ``member`` role (their own keys
-    only, no admin pages), at most ``max_keys`` usable keys, serving ``allowed_models`` (names or globs;
-    empty: every model), with ``limits`` (names of ``HOLDER_NAMES``, within the tenant's).
+    """Add a new person to ``tenant`` as a tenant admin may: a new account (no usable password; they set one
+    on the invite path, or sign in by single sign-on) with the ``member`` role (their own keys only, no admin
+    pages), at most ``max_keys`` usable keys, serving ``allowed_models`` (names or globs; empty: every model),
+    with ``limits`` (names of ``HOLDER_NAMES``, within the tenant's).
 
-    A tenant admin cannot take an existing account (it may belong to people of other tenants): an existing
-    ``username`` is a ``ValidationError`` (superusers add existing accounts, ``manage.py member add``), as
-    are an invalid user name or e-mail, bad models and limits above the tenant's. All or nothing."""
+    The account is named in the tenant's own namespace: ``username`` is the person's handle (letters,
+    digits and ``.+-_``; a trailing ``@<tenant slug>`` is accepted) and the account ``<handle>@<tenant
+    slug>`` (``tenant_username``), as GitHub's managed users are ``handle_shortcode``. So a name taken in
+    another tenant neither fails nor tells this tenant's admin it exists; a ``ValidationError`` says "taken"
+    only for a name of this tenant's own namespace. A tenant admin cannot take an existing account
+    (superusers add existing accounts, ``manage.py member add``). An invalid handle or e-mail, bad models and
+    limits above the tenant's are ``ValidationError`` too. All or nothing."""
     from django.contrib.auth import get_user_model
-    from django.contrib.auth.tokens import default_token_generator
     from django.core.validators import validate_email
-    from django.urls import reverse
-    from django.utils.encoding import force_bytes
-    from django.utils.http import urlsafe_base64_encode
 
     users = get_user_model()
-    username = _new_username(username)
+    username = _new_username(tenant_username(tenant, username))
     if email:
         validate_email(email)
     with transaction.atomic():
@@ -125,9 +131,87 @@ def member_invite(*, tenant: Tenant, username: str, email: str = "", max_keys: i
         if limits:
             limits_set(tenant=tenant, member=membership, values=limits)
         revocation.tenant_changed(tenant.pk)
+    return Invited(membership, _invite_path(user))
+
+
+def tenant_username(tenant: Tenant, handle: str) -> str:
+    """The account name of ``handle`` in ``tenant``: ``<handle>@<tenant slug>`` (a handle that already ends
+    in ``@<tenant slug>`` as it is). ``ValidationError`` for an empty handle, one with another ``@``, or an
+    account name past 150 characters."""
+    handle = str(handle).strip()
+    suffix = f"{HANDLE_SEPARATOR}{tenant.slug}"
+    if handle.lower().endswith(suffix.lower()):
+        handle = handle[:-len(suffix)]
+    if not handle or HANDLE_SEPARATOR in handle:
+        raise ValidationError({"username": "A person's name here is letters, digits and . + - _ (toolrelay names "
+                                           f"the account <name>{suffix})."})
+    if len(handle) + len(suffix) > 150:
+        raise ValidationError({"username": f"A person's name here has at most {150 - len(suffix)} characters."})
+    return f"{handle}{suffix}"
+
+
+def _invite_path(user: Any) -> str:
+    """``/account/invite/<uid>/<token>/`` for ``user`` (Django's password-reset token of its state now)."""
+    from django.contrib.auth.tokens import default_token_generator
+    from django.urls import reverse
+    from django.utils.encoding import force_bytes
+    from django.utils.http import urlsafe_base64_encode
+
     token = default_token_generator.make_token(user)
-    path = reverse("account:invite", args=[urlsafe_base64_encode(force_bytes(user.pk)), token])
-    return Invited(membership, path)
+    return reverse("account:invite", args=[urlsafe_base64_encode(force_bytes(user.pk)), token])
+
+
+class InvitationAccepted(ValidationError):
+    """The person already took their invitation (signed in or set a password), or the account is not only
+    this tenant's: a new invitation would let the tenant admin set the password of an account in use."""
+
+
+def member_reinvite(*, membership: Membership) -> Invited:
+    """A new invitation for a person whose invitation is still open (lost, expired or never sent): a new
+    one-time link, and every older link of theirs stops working (the account's unusable password is drawn
+    again; Django's token hashes it). Only for an account that was never used: no usable password, never
+    signed in, no staff rights, a member of this one tenant; else ``InvitationAccepted`` (the person signs
+    in as they do, or a superuser resets them)."""
+    user = membership.user
+    with transaction.atomic():
+        user = type(user)._default_manager.select_for_update().get(pk=user.pk)
+        others = Membership.objects.filter(user=user).exclude(tenant_id=membership.tenant_id).exists()
+        if membership.role != Membership.MEMBER:
+            raise InvitationAccepted("invitations are for people with the member role; a superuser manages others")
+        if user.has_usable_password() or user.last_login is not None or user.is_staff or user.is_superuser \
+                or others or not user.is_active:
+            raise InvitationAccepted(f"{user.get_username()} has already taken their invitation (or the account "
+                                     "is in use elsewhere): they sign in as they do; a superuser can reset them")
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    membership.user = user
+    return Invited(membership, _invite_path(user))
+
+
+def invitation_mail(*, invited: Invited, url: str) -> bool:
+    """E-mail ``url`` (the absolute invitation link) to the invited person through Django's mail framework
+    (``EMAIL_BACKEND``; the console in the embedded setup), when their account has an e-mail address.
+    True when sent; False without an address or when sending fails (logged: the admin still has the link)."""
+    import logging
+
+    from django.core.mail import send_mail
+
+    user = invited.membership.user
+    address = str(getattr(user, "email", "") or "")
+    if not address:
+        return False
+    hours = settings.PASSWORD_RESET_TIMEOUT // 3600
+    tenant = invited.membership.tenant
+    body = (f"You have been added to {tenant.name} on toolrelay.\n\n"
+            f"Choose your password here (the link works once, for {hours} hours):\n{url}\n\n"
+            f"Then sign in at {settings.SITE_URL}/account/login/ as {user.get_username()} and create your own "
+            f"API keys.\n")
+    try:
+        send_mail(f"Your toolrelay invitation ({tenant.name})", body, None, [address])
+    except Exception:  # noqa: BLE001 - SMTP down or refused: the link is still shown to the admin
+        logging.getLogger(__name__).warning("invitation e-mail for %s not sent", user.get_username(), exc_info=True)
+        return False
+    return True
 
 
 def _new_username(username: str) -> str:
@@ -141,8 +225,7 @@ def _new_username(username: str) -> str:
         raise ValidationError({"username": "A user name has 1 to 150 characters."})
     users.username_validator(username)
     if users._default_manager.filter(username__iexact=username).exists():
-        raise ValidationError({"username": "That user name is taken; choose another (a superuser can add an "
-                                           "existing account)."})
+        raise ValidationError({"username": f"{username} is taken in this tenant; choose another name."})
     return username
 
 
@@ -173,16 +256,17 @@ def limits_set(*, tenant: Tenant, key: ApiKey | None = None, member: Membership 
 
     ``values`` maps names of ``HOLDER_NAMES`` to a whole number (0 blocks) or, for ``MONEY_NAMES``, an amount
     in USD, or for ``money_soft_percent`` the soft threshold of the holder's money budgets (a whole percent,
-    1-100); None removes it; names not given are left as they are. ``ValidationError`` for an unknown name,
-    a negative number, a percent outside 1-100, or a key's or member's limit above its tenant's. Running
-    processes see the change at once (``tenants.revocation``).
+    1-100), for ``daily_usd_soft_percent`` ... ``monthly_usd_soft_percent`` one budget's own; None removes it;
+    names not given are left as they are. ``ValidationError`` for an unknown name, a negative number, a percent
+    outside 1-100, or a key's or member's limit above its tenant's. Running processes see the change at once
+    (``tenants.revocation``).
     """
     unknown = sorted(set(values) - set(HOLDER_NAMES))
     if unknown:
         raise ValidationError(f"unknown limit(s): {', '.join(unknown)}")
-    soft = values.get(SOFT_NAME)
-    if soft is not None and (not isinstance(soft, int) or isinstance(soft, bool) or not 1 <= soft <= 100):
-        raise ValidationError("the soft threshold is a whole percent from 1 to 100, or none")
+    for soft in (values.get(n) for n in SOFT_NAMES):
+        if soft is not None and (not isinstance(soft, int) or isinstance(soft, bool) or not 1 <= soft <= 100):
+            raise ValidationError("a soft threshold is a whole percent from 1 to 100, or none")
     if any(v is not None and (v < 0 or (n in MONEY_NAMES and v > MAX_USD)) for n, v in values.items()):
         raise ValidationError(f"a limit is >= 0 (0 blocks; USD at most {MAX_USD:,}) or none")
     row: Tenant | ApiKey | Membership = key if key is not None else member if member is not None else tenant

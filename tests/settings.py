@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The product's packages: every variable they read by name is the caller's to leave out.
-PACKAGES = ("config", "infra", "proxy", "tenants", "audit", "alerts")
+#: The product's packages (every top-level package but the tests' and the benchmarks'): every variable they
+#: read by name is the caller's to leave out.
+PACKAGES = tuple(sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name not in ("tests", "bench")))
 #: ``envstr("NAME"`` / ``envint('NAME'`` ... and ``os.environ.get("NAME"`` / ``os.environ["NAME"]``.
 _READ = re.compile(r"""(?:\benv[a-z]*\(\s*|os\.environ(?:\.get\(\s*|\[))["']([A-Z][A-Z0-9_]*)["']""")
 #: Read by the test run on purpose (README: "Postgres when DATABASE_URL is set"); set by pytest-django.

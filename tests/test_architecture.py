@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROXY_TOP_MODULES = 12
-MAX_CLASS_LINES = 300  # 250 before issue 20's readings; the restructuring (issue 26 phase 2) brings it back
+MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 40
 
 #: Layers, lowest first: a module may import its own layer and those below it, never one above.
@@ -195,3 +195,53 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     graph = {"proxy.guard.x": {"proxy.relay.loop"}, "proxy.relay.loop": {"proxy.guard.x"}}
     assert cycles(graph) == [["proxy.guard.x", "proxy.relay.loop"]]
     assert layer("proxy.guard.x") < layer("proxy.relay.loop")
+
+
+#: Where memberships may be filtered by user outside ``tenants.scoping``, and why it is not scoping.
+MEMBERSHIP_BY_USER_ALLOWED = {
+    "tenants.selectors.memberships_for_user": "a person's own memberships, for their /account/ key page",
+    "tenants.management.commands.member.Command._add": "the operator's command names one user in one tenant",
+    "tenants.management.commands.limits._member": "the operator's command names one user in one tenant",
+    "tenants.services.member_reinvite": "not scoping: is the account another tenant's too (then no new link)",
+}
+_USER_LOOKUP = ("user", "user_id", "user__", "memberships__user")
+
+
+def membership_scoping(name: str, tree: ast.AST) -> Iterator[str]:
+    """``module.function`` of every query in ``tree`` that filters memberships (or tenants through
+    them) by user, or that names ``STAFF_ROLES``: the work of ``tenants.scoping`` alone."""
+
+    def visit(node: ast.AST, where: str) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            inner = f"{where}.{child.name}" if isinstance(child, ast.ClassDef | ast.FunctionDef
+                                                          | ast.AsyncFunctionDef) else where
+            if isinstance(child, ast.Attribute) and child.attr == "STAFF_ROLES":
+                yield inner
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) \
+                    and child.func.attr in ("filter", "exclude", "get"):
+                lookups = [k.arg or "" for k in child.keywords]
+                on_memberships = "Membership" in ast.unparse(child.func.value)
+                by_user = [k for k in lookups if k == "user" or k.startswith(_USER_LOOKUP)]
+                if any(k.startswith("memberships__user") for k in lookups) or (on_memberships and by_user):
+                    yield inner
+            yield from visit(child, inner)
+
+    yield from visit(tree, name)
+
+
+def test_only_tenants_scoping_computes_membership_scoping() -> None:
+    """Which tenants a person sees or manages is computed behind one door (issue 26 item 9)."""
+    found = sorted({where for name, path in modules().items() if name not in ("tenants.scoping", "tenants.models")
+                    for where in membership_scoping(name, ast.parse(path.read_text()))})
+    assert [w for w in found if w not in MEMBERSHIP_BY_USER_ALLOWED] == []
+    assert set(found) == set(MEMBERSHIP_BY_USER_ALLOWED), "an allowed entry no longer exists: drop it"
+
+
+def test_the_scoping_check_sees_a_second_door() -> None:
+    """The check can fail: a made-up admin computing roles itself, and a tenants-by-member query."""
+    source = ("def roles(request):\n"
+              "    return Membership.objects.filter(user_id=request.user.pk, role__in=Membership.STAFF_ROLES)\n"
+              "class A:\n"
+              "    def tenants(self, user):\n"
+              "        return Tenant.objects.filter(memberships__user=user)\n")
+    assert sorted(set(membership_scoping("x", ast.parse(source)))) == ["x.A.tenants", "x.roles"]

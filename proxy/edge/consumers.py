@@ -419,12 +419,15 @@ async def models(consumer: ProxyConsumer, body: bytes) -> None:
 
 
 async def count_tokens(consumer: ProxyConsumer, body: bytes) -> None:
-    """``POST /v1/messages/count_tokens`` -> ``{"input_tokens": N}``, a local estimate (PROTOCOLS.md 2.5:
-    optional for Claude Code, which estimates locally when it is absent)."""
+    """``POST /v1/messages/count_tokens`` -> ``{"input_tokens": N}``, counted here by the model family's
+    own tokenizer where one is installed, else estimated (PROTOCOLS.md 2.5: optional for Claude Code,
+    which estimates locally when it is absent). Counted in a worker thread: a family's first count
+    loads its vocabulary (up to about a second), which the event loop does not wait for."""
     await principal_of(consumer.scope)  # a valid key is all this endpoint needs
     chat = translated(count_tokens_body, parse_json_object(body))
+    tokens = await asyncio.to_thread(estimate_tokens, chat, load=True)
     assert consumer.response is not None
-    await consumer.response.send_json(200, {"input_tokens": estimate_tokens(chat)})
+    await consumer.response.send_json(200, {"input_tokens": tokens})
 
 
 async def not_found(consumer: ProxyConsumer, body: bytes) -> None:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from infra.tokenizers import count_prompt
 from proxy.guard.checks.request import ChatRequest, RequestInvalid, check_chat_fields, prepare
 from proxy.guard.checks.schema_bounds import SchemaBounds
-from proxy.guard.checks.token_count import count_prompt
 from proxy.guard.protocols.emit import Emitter
 from proxy.guard.protocols.emit_anthropic import AnthropicMessagesEmitter
 from proxy.guard.protocols.emit_anthropic import error_body as anthropic_error_body
@@ -40,11 +40,12 @@ T = TypeVar("T")
 CHARS_PER_TOKEN = 4
 
 
-def estimate_tokens(chat_body: dict[str, Any]) -> int:
+def estimate_tokens(chat_body: dict[str, Any], *, load: bool = False) -> int:
     """The prompt tokens of a chat.completions request, counted for its model's tokenizer family
-    (``proxy.guard.checks.token_count.count_prompt``; within 5% of DeepSeek V4's, Qwen's and cl100k's
-    own counts on English, code and JSON: docs/clients.md, "count_tokens")."""
-    return count_prompt(chat_body)
+    (``proxy.guard.checks.token_count.count_prompt``: the family's own tokenizer where one is installed,
+    exact for DeepSeek V4, Qwen2.5, Qwen3.5/3.6 and cl100k; else an estimate: docs/clients.md,
+    "count_tokens"). ``load=True`` may block up to about a second on a family's first count."""
+    return count_prompt(chat_body, load=load)
 
 
 def _bounds() -> SchemaBounds:

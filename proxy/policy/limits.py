@@ -141,7 +141,7 @@ def _money_checks(holder: str, holder_id: int, who: str, limits: Limits, *, rese
         if budget is not None:
             checks.append(_Check(who, name, Window(f"{holder}:{holder_id}:{name}", 86400 * 31, round(budget * NANO),
                                                    reserve, strict=False, sliding=False, bucket=bucket,
-                                                   reset_at=reset_at), soft=limits.money_soft_percent))
+                                                   reset_at=reset_at), soft=limits.soft_percent(name)))
     return checks
 
 
@@ -376,9 +376,9 @@ _reported: set[tuple[str, str | None]] = set()
 
 async def _thresholds(state: SharedState, checks: Sequence[_Check],
                      usage: Sequence[WindowUsage]) -> tuple[Finding, ...]:
-    """One ``money-budget-threshold`` finding per money budget that reached its holder's soft threshold
-    (``money_soft_percent``, else ``MONEY_SOFT_PERCENT``) in its window, the first time across every process
-    (a one-shot window per budget and bucket)."""
+    """One ``money-budget-threshold`` finding per money budget that reached its soft threshold (the budget's
+    own, else the holder's ``money_soft_percent``, else ``MONEY_SOFT_PERCENT``) in its window, the first time
+    across every process (a one-shot window per budget and bucket)."""
     found = []
     windowed = [c for c in checks if c.window is not None]  # in the order of ``usage``
     for check, u in zip(windowed, usage, strict=True):

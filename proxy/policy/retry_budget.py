@@ -15,7 +15,7 @@ second); checking a retry is two shared-state
 calls (read both windows, then count the retry), so concurrent retries may overshoot the budget by
 the handful in flight. The shared state fails open: when it cannot be asked, the retry is allowed.
 Retries caused by an unreachable or failing upstream (timeouts, 5xx, 429) are not in this budget:
-they have their own bound (``RETRY_BUDGET_SECONDS``, per request).
+they have their own bound (the retry deadline, ``RETRY_DEADLINE_SECONDS``, per request).
 """
 
 from __future__ import annotations

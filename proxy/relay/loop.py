@@ -114,7 +114,7 @@ class RelayCall:
     def forwards_raw(self) -> bool:
         """True when upstream bytes go back unchanged: a pass-through protocol's request without ``tools``.
         Other protocols always go through the guard, which translates frame by frame."""
-        return self.passes_through and not self.request.guarded
+        return self.passes_through and not self.request.declares_tools
 
     @property
     def path(self) -> str:
@@ -186,7 +186,7 @@ class Relay:
         self.trace = spans.current()  # the request's trace (``proxy.telemetry``; a no-op with tracing off)
         self.trace.routed(call, secrets=lambda: self.log.secrets)
         self.deadlines = Deadlines(request=response.started + call.plan.deadline,
-                                   retries=response.started + settings.RETRY_BUDGET_SECONDS)
+                                   retries=response.started + settings.RETRY_DEADLINE_SECONDS)
         self._current: tuple[UpstreamTarget, float] | None = None  # the attempt under way and its start
         self._last: Attempted | None = None
         self.attempts_made = 0
@@ -195,9 +195,9 @@ class Relay:
         #: What the client got at the end (``audit.delivered``), as the path that answered returned it; None
         #: for bytes passed through unchanged.
         self.delivered: Received = None
-        #: The loop breaker of a guarded request (None for the others).
+        #: The loop breaker of a request that declares tools (None for the others).
         self.loops = LoopBreaker(session=call.session, messages=call.request.body.get("messages"),
-                                 policy=call.plan.policy) if call.request.guarded else None
+                                 policy=call.plan.policy) if call.request.declares_tools else None
         self.inputs = PathInputs(call=call, response=response, client=client, log=self.log,
                                  deadlines=self.deadlines, loops=self.loops, trace=self.trace)
         #: Set when the tenant's retry budget stopped a retry (``proxy.policy.retry_budget``).
@@ -261,7 +261,7 @@ class Relay:
 
     async def _attempts(self, path: PassThrough | Guarded | NonStream) -> Attempted:
         """Attempt after attempt until one is delivered, the failure is not retryable, the policy's retries
-        or the retry budget are spent; returns the last attempt's result."""
+        the tenant's retry budget or the retry deadline are spent; returns the last attempt's result."""
         result: Attempted | None = None
         failed: UpstreamTarget | None = None
         index = 0  # in the plan's targets (``RoutePlan.next_index``: the route's ``retry_target``)
@@ -301,10 +301,10 @@ class Relay:
         return True
 
     async def _after(self, attempt: int, target: UpstreamTarget, result: Attempted) -> None:
-        """The routing bookkeeping of an attempt: a guarded request's judged first attempt counts in the
+        """The routing bookkeeping of an attempt: a tool-declaring request's judged first attempt counts in the
         target's broken-turn rate; the router observes the result (awaited when a retry's choice needs it)."""
         delivered = isinstance(result, Delivered)
-        if attempt == 0 and self.call.request.guarded and (delivered or model_failure(_judged(result))):
+        if attempt == 0 and self.call.request.declares_tools and (delivered or model_failure(_judged(result))):
             schedule(self._counted(target, broken=not delivered))
         if delivered:  # the client has its answer: the bookkeeping must not outlive its connection
             self.session_moved = self.router.move_finding(target)  # on the request's row (the request page)
@@ -332,7 +332,7 @@ class Relay:
                         target.upstream_id, target.key_id)
 
     async def _counted(self, target: UpstreamTarget, *, broken: bool) -> None:
-        """Count a guarded request's judged first attempt in ``target``'s live broken-turn rate
+        """Count a tool-declaring request's judged first attempt in ``target``'s live broken-turn rate
         (``proxy.routing.quality``) and show the rate after it in ``toolrelay_routing_broken_rate``."""
         rate = await quality.count(self.router.state, target, broken=broken)
         metrics.observe_broken_rate(self.labels, upstream=target.name, model=spans.model_label(target, self.labels),
@@ -361,10 +361,10 @@ class Relay:
             return self._last
         return await path.interrupted(self.call.plan.target(0), self.response.started, exc)
 
-    async def _backoff(self, attempt: int, error: UpstreamError | None, budget_end: float) -> bool:
+    async def _backoff(self, attempt: int, error: UpstreamError | None, deadline: float) -> bool:
         """Wait before retry ``attempt`` + 1: Retry-After within a bound, jittered exponential for 429/5xx,
-        nothing for broken model output (asking again at once is the point). False when the retry budget
-        (``RETRY_BUDGET_SECONDS`` since the request arrived) does not leave room for the retry."""
+        nothing for broken model output (asking again at once is the point). False when the retry deadline
+        (``deadline``, ``RETRY_DEADLINE_SECONDS`` after the request arrived) does not leave room for the retry."""
         delay = 0.0
         if error is not None and (error.status == 429 or error.status >= 500):
             cap = settings.RETRY_AFTER_MAX_SECONDS
@@ -372,7 +372,7 @@ class Relay:
                 delay = min(error.retry_after, cap)
             else:
                 delay = min(cap, settings.RETRY_BACKOFF_BASE_SECONDS * 2**attempt) * (0.5 + random.random() / 2)  # noqa: S311
-        if time.monotonic() + delay >= budget_end:
+        if time.monotonic() + delay >= deadline:
             return False
         await asyncio.sleep(max(0.0, delay))
         return True

@@ -113,15 +113,15 @@ Attempted = Delivered | Failed
 
 @dataclass(frozen=True, slots=True)
 class Deadlines:
-    """A request's clocks, monotonic seconds: ``request`` (its route's deadline) and ``retries`` (the end of
-    the retry budget, ``RETRY_BUDGET_SECONDS`` after the request arrived)."""
+    """A request's clocks, monotonic seconds: ``request`` (its route's deadline) and ``retries`` (the retry
+    deadline, ``RETRY_DEADLINE_SECONDS`` after the request arrived)."""
 
     request: float
     retries: float
 
     def timeouts(self, target: UpstreamTarget, *, retry: bool) -> tuple[float, float]:
         """``(first_byte, idle)`` seconds for a call to ``target``: its own deadlines, shortened to the time
-        left before the request deadline and, for a ``retry``, before the end of the retry budget."""
+        left before the request deadline and, for a ``retry``, before the retry deadline."""
         now = time.monotonic()
         left = self.request - now
         first_byte = min(target.first_byte_timeout, left)
@@ -155,11 +155,11 @@ class _Path(abc.ABC):
         self.response = inputs.response
         self.log = inputs.log
         self.client = inputs.client
-        self._retry = False  # the attempt under way is a retry (its first-byte deadline: the retry budget's too)
+        self._retry = False  # the attempt under way is a retry (its first-byte deadline: the retry deadline too)
 
     def open(self, target: UpstreamTarget, *, ask_usage: bool = False, request: ChatRequest | None = None) -> Any:
         """The upstream call for ``target`` (an async context manager yielding ``UpstreamResponse``), its
-        deadlines shortened to what the request deadline and the retry budget leave; ``request``: another
+        deadlines shortened to what the request deadline and the retry deadline leave; ``request``: another
         body than the client's (a continuation's)."""
         first_byte, idle = self.inputs.deadlines.timeouts(target, retry=self._retry)
         return self.client.open(target, request or self.request, ask_usage=ask_usage, first_byte=first_byte,
@@ -299,7 +299,7 @@ class _Path(abc.ABC):
                                                                                    scrub=scrub)
             await response.end(self.call.emitter.close_error(error))
             return received
-        message = exhaustion_message(attempts=attempts, reason=answer.reason, guarded=self.request.guarded,
+        message = exhaustion_message(attempts=attempts, reason=answer.reason, guarded=self.request.declares_tools,
                                      request_id=str(response.request_id))
         if answer.kind is AnswerKind.TERMINAL:
             return await self._fail(message, status=502, code="upstream_failed")

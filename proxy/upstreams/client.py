@@ -340,7 +340,7 @@ class UpstreamClient:
         """POST ``request`` (``upstream_body``) to ``{base_url}/chat/completions``; yield the open response.
 
         ``first_byte`` / ``idle`` (seconds) shorten the upstream's own deadlines (the relay's request
-        deadline and retry budget); they never lengthen them.
+        deadline and retry deadline); they never lengthen them.
 
         The body carries what the upstream was learned to refuse for ``target.model``. An answer that
         refuses a parameter (``proxy.upstreams.refusals.classify``) is asked again at once with it fixed, at most

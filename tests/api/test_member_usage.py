@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -9,10 +12,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from audit.models import Attempt, Finding, ProxyRequest
+from api.tokens import admin_token_create
+from audit.models import Attempt, Finding, ProxyRequest, Report
 from audit.people import member_rows
+from audit.report_services import report_build
 from audit.reports import Scope
 from tenants.models import Membership
+from tests.api.test_rest import Api
 from tests.conftest import TenantWorld
 
 pytestmark = pytest.mark.django_db
@@ -82,8 +88,6 @@ def test_a_built_report_has_by_member(world_a: TenantWorld, format: str) -> None
 
     import jsonschema
 
-    from audit.models import Report
-    from audit.report_services import report_build
     from audit.schema import SUMMARY_SCHEMA
 
     now = timezone.now()
@@ -100,3 +104,44 @@ def test_a_built_report_has_by_member(world_a: TenantWorld, format: str) -> None
     else:
         assert "By member" in text and "tenant-a / dev-a" in text and "dev-b" not in text
     report.file.delete(save=False)
+
+
+def test_a_members_unknown_waste_reads_unknown_on_every_per_member_view(
+        world_a: TenantWorld, dev_a: Membership, login: Any, admin_a: Any, client: Client) -> None:
+    """dev-a's only request was retried after an attempt that answered 200 without usage: its wasted tokens are
+    unknown on the request page, and so on the usage page and CSV per member, in a built report's ``by_member``,
+    on dev-a's own account page and in the management API (a count to read the numbers by), never 0."""
+    row = _request(world_a, dev_a, outcome="recovered-by-retry")
+    ProxyRequest.objects.filter(pk=row.pk).update(attempts=2)
+    Attempt.objects.create(request=row, number=0, outcome="retry", upstream_status=200)  # no usage reported
+    Attempt.objects.create(request=row, number=1, outcome="clean", upstream_status=200, prompt_tokens=100)
+    now = timezone.now()
+    rows = _by_member(member_rows(Scope(now - timedelta(hours=1), now + timedelta(minutes=1))))
+    assert rows["dev-a"]["wasted_unknown_requests"] == 1
+
+    admin = login(admin_a)
+    request_page = admin.get(f"/admin/audit/proxyrequest/{row.pk}/change/").content.decode()
+    assert re.search(r'<label>Wasted tokens:</label>\s*<div class="readonly">unknown</div>', request_page)
+    page = admin.get("/admin/audit/proxyrequest/usage/", {"group": "member"}).content.decode()
+    cells = page.split("tenant-a / dev-a</td>", 1)[1].split("</tr>", 1)[0]
+    assert cells.count('<td class="num">unknown</td>') == 2  # wasted tokens in and out
+    exported = admin.get("/admin/audit/proxyrequest/usage/", {"group": "member", "format": "csv"}).content.decode()
+    by_group = {r["group"]: r for r in csv.DictReader(io.StringIO(exported))}
+    dev = by_group["tenant-a / dev-a"]
+    assert (dev["wasted_prompt_tokens"], dev["wasted_completion_tokens"]) == ("unknown", "unknown")
+
+    report = Report.objects.create(since=now - timedelta(hours=1), until=now + timedelta(minutes=1), format="html")
+    report.tenants.set([world_a.tenant])
+    report = report_build(report_id=report.pk)
+    assert report.figures is not None
+    assert _by_member(report.figures["by_member"])["dev-a"]["wasted_unknown_requests"] == 1
+    with report.file.open("rb") as stored:
+        html = stored.read().decode()
+    assert html.split("tenant-a / dev-a</td>", 1)[1].split("</tr>", 1)[0].count("<td>unknown</td>") == 2
+    admin.logout()
+
+    own = login(dev_a.user).get("/account/keys/").content.decode()
+    assert "unknown wasted on broken" in own
+    body = Api(client, admin_token_create(tenant=world_a.tenant, name="ci")[1]).get("/usage").json()
+    assert body["wasted_unknown_requests"] == 1
+    assert {r["member"]: r["wasted_unknown_requests"] for r in body["by_member"]} == {"dev-a": 1}

@@ -21,7 +21,8 @@ from tests.conftest import TenantWorld
 
 pytestmark = pytest.mark.django_db
 
-NO_MONEY = {"daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None}
+NO_MONEY = {"daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None,
+            "daily_usd_soft_percent": None, "weekly_usd_soft_percent": None, "monthly_usd_soft_percent": None}
 
 
 class Api:
@@ -191,3 +192,15 @@ def test_tokens_are_revocable_in_the_admin(client: Client, admin_a: Any, world_a
     theirs.refresh_from_db()
     assert mine.revoked_at is not None and theirs.revoked_at is None
     assert not ApiKey.objects.filter(name="x").exists()
+
+
+def test_a_budget_window_has_its_own_soft_threshold_over_rest(client: Client, world_a: TenantWorld) -> None:
+    api = Api(client, admin_token_create(tenant=world_a.tenant)[1])
+    set_ = api.send("put", "/budgets/tenant", {"money_soft_percent": 70, "daily_usd_soft_percent": 90})
+    assert set_.status_code == 200, set_.content
+    limits = set_.json()["limits"]
+    assert (limits["money_soft_percent"], limits["daily_usd_soft_percent"], limits["weekly_usd_soft_percent"]) == (
+        70, 90, None)
+    assert api.send("put", "/budgets/tenant", {"monthly_usd_soft_percent": 0}).status_code == 422
+    assert api.send("put", "/budgets/tenant", {"daily_usd_soft_percent": None}).json()["limits"][
+        "daily_usd_soft_percent"] is None

@@ -262,12 +262,19 @@ def _wrapping_columns(html: str) -> set[str]:
 def test_the_long_columns_of_the_findings_and_reports_lists_wrap_instead_of_overflowing(
         audit_rows: AuditRows, superuser: User, login: Login) -> None:
     """Every cell of a list is kept on one line, which pushed the findings' detail and a report's second
-    download past 1400 px: those columns wrap, and both downloads are in the cell."""
+    download past 1400 px: the long columns wrap (the findings' kind, tool, tenant and detail; a report's
+    period, tenants and format) and a report's downloads stand one per line, each whole. Headless Chromium
+    measures the result (``make test-browser``, scripts/browser_check.py); this checks the markup it needs."""
     client = login(superuser)
     done = report_build(report_id=report_request(since=PERIOD[0], until=PERIOD[1], format="csv", enqueue=False).pk)
     findings = client.get(reverse("admin:audit_finding_changelist") + "?severity=all").content.decode()
     reports = client.get(reverse("admin:audit_report_changelist")).content.decode()
-    assert 'class="field-detail_short"' in findings and "detail_short" in _wrapping_columns(findings)
-    assert 'class="field-downloads"' in reports and {"downloads", "tenant_list"} <= _wrapping_columns(reports)
+    assert 'class="field-detail_short"' in findings
+    assert {"detail_short", "kind", "tool_name", "tenant"} <= _wrapping_columns(findings)
+    assert {"period", "tenant_list", "format"} <= _wrapping_columns(reports)
     cell = reports.split('<td class="field-downloads">', 1)[1].split("</td>", 1)[0]
-    assert f"report-{done.pk}-requests.csv" in cell and f"report-{done.pk}-findings.csv" in cell
+    links = re.findall(r'<a class="tr-download" href="[^"]+">([^<]+)</a>', cell)
+    assert links == [f"report-{done.pk}-requests.csv", f"report-{done.pk}-findings.csv"]
+    assert re.search(r"td\.field-downloads a\.tr-download\s*\{[^}]*display:\s*block", reports)
+    period = reports.split('<td class="field-period">', 1)[1].split("</td>", 1)[0]
+    assert period.count('<span class="tr-nowrap">') == 2 and " UTC</span>" in period

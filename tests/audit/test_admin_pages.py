@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from audit.delivered import delivered_exhaustion, delivered_turn
-from audit.models import Attempt, Finding, ProxyRequest, Report
+from audit.models import Attempt, Finding, Fragment, ProxyRequest, Report
 from proxy.guard.turn import ChoiceTurn, ToolCall, Turn
 from tests.audit.conftest import AuditRows
 
@@ -94,6 +94,11 @@ def test_findings_number_attempts_from_one_as_the_timeline_does(audit_rows: Audi
     page = client.get(reverse("admin:audit_proxyrequest_change", args=[r4.pk])).content.decode()
     inline = re.findall(r'<td class="field-attempt_number">\s*<p>(\d+)</p>', page)
     assert sorted(inline) == ["1", "2", "3"] and "attempt 3:" in page and "attempt 0" not in page
+    first = Attempt.objects.get(request=r4, number=0)
+    assert str(first).startswith("attempt 1 of ")  # the fragment page's title and breadcrumb name it so
+    body = Fragment.objects.create(attempt=first, tenant_id_copy=r4.tenant_id, body="data: {}\n\n")
+    fragment = client.get(reverse("admin:audit_fragment_change", args=[body.pk])).content.decode()
+    assert "body of attempt 1 of " in fragment and "attempt 0" not in fragment
 
 
 @pytest.mark.parametrize("persona", ["viewer_a", "superuser"])

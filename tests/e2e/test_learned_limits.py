@@ -143,7 +143,10 @@ def test_a_sibling_process_learns_it_through_redis(make_tenant: Any, simulator: 
     time: the second server's first request goes right only because of Redis."""
     import redis
 
-    redis.Redis.from_url("redis://127.0.0.1:6379/13").flushdb()
+    from tenants.learned import redis_key
+
+    shared = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+    shared.flushdb()
     env = {"REDIS_URL": "redis://127.0.0.1:6379/13", "UPSTREAM_LEARNED_SYNC_SECONDS": "0.1",
            "JOURNAL_BATCH_SECONDS": "60"}
     tenant = make_tenant()
@@ -151,9 +154,12 @@ def test_a_sibling_process_learns_it_through_redis(make_tenant: Any, simulator: 
     with running_proxy(e2e_database_url, log_a, **env) as a, running_proxy(e2e_database_url, log_b, **env) as b:
         first, second = uuid.uuid4().hex, uuid.uuid4().hex
         _ask(a, tenant, first)
-        time.sleep(0.5)  # a publishes in the background; b pulls every 0.1 s (and at its first request)
+        # a publishes in the background (bounded wait: a loaded box may take longer than a fixed sleep);
+        # b pulls every 0.1 s and at its first request
+        _wait_for(lambda: shared.hlen(redis_key()), "the fact published to Redis")
         assert _learned(django_db_blocker, tenant) == [], "not in the database yet: only Redis can carry it"
         _ask(b, tenant, second)
+    shared.close()
     assert _sent(simulator, first) == [(400, 32000), (200, 8192)]
     assert _sent(simulator, second) == [(200, 8192)]
 

@@ -165,6 +165,8 @@ def test_a_members_self_service_key_is_held_by_the_members_budget_and_hidden_fro
         assert invite.startswith(server.url)
         assert _browser_form(browser, invite, {"new_password1": PASSWORD, "new_password2": PASSWORD}
                              ).status_code == 302
+        assert added.json()["username"] == f"{username}@{tenant.tenant.slug}"  # the tenant's own namespace
+        username = added.json()["username"]
         assert _browser_form(browser, "/account/login/", {"username": username, "password": PASSWORD}
                              ).status_code == 302
         assert _post(browser, "/account/keys/create/", {"membership": added.json()["id"], "name": "laptop"}

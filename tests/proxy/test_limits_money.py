@@ -105,6 +105,17 @@ async def test_each_holder_sets_its_own_soft_threshold(state: SharedState) -> No
     assert seen[2] == ["your personal daily budget passed 95%: $0.000119 of $0.0001 spent or reserved"]
 
 
+async def test_a_budget_window_sets_its_own_soft_threshold(state: SharedState) -> None:
+    """``daily_usd_soft_percent`` 30 fires the daily budget at the first request (44 of 100 micro-dollars),
+    while the monthly budget, without its own, keeps the holder's ``money_soft_percent`` 95."""
+    tenant = Limits(daily_usd=0.0001, monthly_usd=0.0001, money_soft_percent=95, daily_usd_soft_percent=30)
+    first = (await _served(state, tenant)).findings
+    assert [f.detail.split(":")[0] for f in first] == ["the tenant's daily budget passed 30%"]
+    assert tenant.soft_percent("monthly_usd") == 95 and tenant.soft_percent("weekly_usd") == 95
+    assert Limits(weekly_usd_soft_percent=60).soft_percent("weekly_usd") == 60
+    assert Limits().soft_percent("daily_usd") is None  # MONEY_SOFT_PERCENT then
+
+
 async def test_unpriced_requests_reserve_nothing_and_a_bad_cost_keeps_the_reservation(state: SharedState) -> None:
     budget = Limits(daily_usd=0.0001)
     admission = await admit((1, 2, budget, Limits()), estimate=30, state=state, reserve_usd=float("nan"))

@@ -40,7 +40,8 @@ def test_it_sets_and_shows_limits_by_tenant_name_or_slug(world_a: TenantWorld) -
     prefix = f"tr-{world_a.api_key.prefix}"
     out = _run("limits", "set", "--tenant", "tenant-a", "--key", prefix, "--rpm", "10", "--concurrency", "2")
     assert out.startswith(f"Limits of key {prefix}: rpm=10, tpm=none, concurrency=2")
-    money = {"daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None}
+    money = {"daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None,
+             "daily_usd_soft_percent": None, "weekly_usd_soft_percent": None, "monthly_usd_soft_percent": None}
     assert _show("tenant-a") == {
         "tenant": "Tenant A",
         "limits": {"rpm": 100, "tpm": 50000, "concurrency": None, "daily_tokens": 0, "monthly_tokens": None,
@@ -76,7 +77,10 @@ def test_money_budgets_on_tenant_key_and_member(world_a: TenantWorld) -> None:
     assert shown["members"] == [{"member": "dev1", "limits": {"rpm": None, "tpm": None, "concurrency": None,
                                                               "daily_tokens": None, "monthly_tokens": None,
                                                               "daily_usd": 1.0, "weekly_usd": None,
-                                                              "monthly_usd": 20.0, "money_soft_percent": None}}]
+                                                              "monthly_usd": 20.0, "money_soft_percent": None,
+                                                              "daily_usd_soft_percent": None,
+                                                              "weekly_usd_soft_percent": None,
+                                                              "monthly_usd_soft_percent": None}}]
     with pytest.raises(CommandError, match="(?i)above the tenant"):
         _run("limits", "set", "--tenant", "tenant-a", "--member", "dev1", "--daily-usd", "11")
     with pytest.raises(CommandError, match="not a member"):
@@ -206,3 +210,27 @@ def test_the_admin_sets_limits_and_refuses_a_key_limit_above_its_tenants(login: 
     assert refused.status_code == 200 and "Above the tenant&#x27;s limit (20)." in refused.content.decode()
     assert client.post(key_url, {**key_form, "rpm": "5"}).status_code == 302
     assert ApiKey.objects.get(pk=world_a.api_key.pk).limits() == Limits(rpm=5)
+
+
+def test_soft_threshold_per_budget_window(world_a: TenantWorld) -> None:
+    """``--soft-percent daily=P`` (weekly, monthly) sets one budget's own threshold beside the holder's
+    ``--soft-percent P``, the default of the budgets without their own; ``none`` removes either."""
+    from django.contrib.auth.models import User
+
+    from tenants.models import Membership
+
+    Membership.objects.create(user=User.objects.create_user("dev2"), tenant=world_a.tenant)
+    out = _run("limits", "set", "--tenant", "tenant-a", "--soft-percent", "70", "--soft-percent", "daily=90",
+               "--soft-percent", "monthly_usd=50")
+    assert "money_soft_percent=70, daily_usd_soft_percent=90, weekly_usd_soft_percent=none, " \
+           "monthly_usd_soft_percent=50" in out
+    tenant = world_a.tenant.__class__.objects.get(pk=world_a.tenant.pk).limits()
+    assert [tenant.soft_percent(n) for n in ("daily_usd", "weekly_usd", "monthly_usd")] == [90, 70, 50]
+    _run("limits", "set", "--tenant", "tenant-a", "--member", "dev2", "--soft-percent", "weekly=95")
+    assert _show("tenant-a")["members"][0]["limits"]["weekly_usd_soft_percent"] == 95
+    _run("limits", "set", "--tenant", "tenant-a", "--soft-percent", "daily=none")
+    assert _show("tenant-a")["limits"]["daily_usd_soft_percent"] is None
+    assert _show("tenant-a")["limits"]["money_soft_percent"] == 70  # the others stay
+    for bad in ("hourly=50", "daily=0", "daily=101", "daily="):
+        with pytest.raises(CommandError):
+            _run("limits", "set", "--tenant", "tenant-a", "--soft-percent", bad)

@@ -18,7 +18,7 @@ from tenants import last_good
 from tenants.auth import api_key_authenticate, principal_for_key
 from tenants.limits import Limits
 from tenants.models import ApiKey, Membership
-from tenants.selectors import role_for_user, tenants_for_user
+from tenants.scoping import scope_for_user
 from tenants.services import api_key_create
 from tests.conftest import TenantWorld
 
@@ -91,8 +91,9 @@ def test_the_member_role_does_not_open_the_admin(world_a: TenantWorld) -> None:
     member = _member(world_a, "staff-dev")
     User.objects.filter(pk=member.user_id).update(is_staff=True)
     user = User.objects.get(pk=member.user_id)
-    assert list(tenants_for_user(user)) == []
-    assert role_for_user(user, world_a.tenant) == Membership.MEMBER
+    scope = scope_for_user(user)
+    assert list(scope.tenants()) == [] and not scope.sees() and not scope.manages()
+    assert scope.role(world_a.tenant.pk) == Membership.MEMBER
 
 
 @pytest.mark.parametrize("value", ["glm-*", [1], [""], ["x" * 201], ["m"] * 101])
@@ -183,7 +184,9 @@ def test_the_member_command_adds_shows_and_removes(world_a: TenantWorld) -> None
     assert json.loads(out.getvalue())["members"] == [{
         "user": "alice", "role": "member", "max_keys": 2, "allowed_models": ["glm-*", "deepseek-chat"],
         "limits": {"rpm": None, "tpm": None, "concurrency": None, "daily_tokens": None, "monthly_tokens": None,
-                   "daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None}}]
+                   "daily_usd": None, "weekly_usd": None, "monthly_usd": None, "money_soft_percent": None,
+                   "daily_usd_soft_percent": None, "weekly_usd_soft_percent": None,
+                   "monthly_usd_soft_percent": None}}]
     member = Membership.objects.get(user__username="alice")
     assert not member.user.has_usable_password()
     key, raw = api_key_create(tenant=world_a.tenant, name="k", member=member)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 
 from tenants.selectors import (
     NotFound,
@@ -13,8 +12,6 @@ from tenants.selectors import (
     api_keys_for_tenant,
     route_for_tenant,
     routes_for_tenant,
-    tenant_for_user,
-    tenants_for_user,
     upstream_for_tenant,
     upstreams_for_tenant,
 )
@@ -46,29 +43,4 @@ def test_it_answers_not_yours_like_missing(world_a: TenantWorld, world_b: Tenant
         getter(world_a.tenant, getattr(world_b, attribute).pk)
     with pytest.raises(NotFound) as missing:
         getter(world_a.tenant, MISSING)
-    assert str(not_yours.value) == str(missing.value)
-
-
-def test_it_scopes_tenants_to_the_users_memberships(admin_a: User, viewer_a: User, outsider_b: User,
-                                                    superuser: User, world_a: TenantWorld,
-                                                    world_b: TenantWorld) -> None:
-    """Members see their tenants, superusers all, non-staff none."""
-    assert list(tenants_for_user(admin_a)) == [world_a.tenant]
-    assert list(tenants_for_user(viewer_a)) == [world_a.tenant]
-    assert list(tenants_for_user(outsider_b)) == [world_b.tenant]
-    assert set(tenants_for_user(superuser)) == {world_a.tenant, world_b.tenant}
-    admin_a.is_staff = False
-    assert list(tenants_for_user(admin_a)) == []
-
-
-@pytest.mark.parametrize("persona", ["admin_a", "viewer_a"])
-def test_it_answers_another_tenant_like_a_missing_one(request: pytest.FixtureRequest, persona: str,
-                                                      world_a: TenantWorld, world_b: TenantWorld) -> None:
-    """``tenant_for_user`` raises the same NotFound for tenant B as for a tenant that does not exist."""
-    user = request.getfixturevalue(persona)
-    assert tenant_for_user(user, world_a.tenant.pk) == world_a.tenant
-    with pytest.raises(NotFound) as not_yours:
-        tenant_for_user(user, world_b.tenant.pk)
-    with pytest.raises(NotFound) as missing:
-        tenant_for_user(user, MISSING)
     assert str(not_yours.value) == str(missing.value)

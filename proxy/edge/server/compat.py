@@ -22,7 +22,7 @@ HOOKS = {
     "twisted.web.http.HTTPChannel": ("connectionMade", "dataReceived", "allHeadersReceived", "rawDataReceived",
                                      "requestDone", "connectionLost", "loseConnection", "setTimeout", "length"),
     "twisted.web.http.Request": ("handleContentChunk", "requestReceived", "registerProducer",
-                                 "unregisterProducer"),
+                                 "unregisterProducer", "setResponseCode"),
 }
 
 

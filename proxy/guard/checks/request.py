@@ -1,6 +1,6 @@
 """A client request in chat.completions form, prepared once: checked, with its guard spec.
 
-Every dialect turns its client's request into a chat.completions body (identity for OpenAI Chat,
+Every client protocol turns its client's request into a chat.completions body (identity for OpenAI Chat,
 ``translate_*`` for the others) and hands it to ``prepare``, which checks what must fail with a
 400 before anything goes upstream and reads the facts the rest of the request path needs (stream,
 tools, ``stream_options.include_usage``, the guard's ``RequestSpec``) exactly once.
@@ -60,28 +60,28 @@ class ChatRequest:
         return self.body.get("stream") is True
 
     @property
-    def guarded(self) -> bool:
-        """True when the request declares tools (its tool calls are checked)."""
+    def declares_tools(self) -> bool:
+        """True when the request declares tools (its tool calls are checked: the ``Guarded`` path's work)."""
         return bool(self.body.get("tools"))
 
 
 def prepare(body: dict[str, Any], raw: bytes | None = None, bounds: SchemaBounds | None = None) -> ChatRequest:
     """Check ``body``'s tool declarations and build its ``ChatRequest``; ``RequestInvalid`` when a
     declaration can never be satisfied (``proxy.guard.checks.validate.tool_declaration_problem``) or a tool's
-    ``parameters`` schema is beyond ``bounds`` (``check_schemas``; default ``SchemaBounds()``)."""
+    ``parameters`` schema is beyond ``bounds`` (``measure_schemas``; default ``SchemaBounds()``)."""
     bounds = bounds or SchemaBounds()
     check_tool_names(body)
     spec = RequestSpec.from_openai(body)
     problem = tool_declaration_problem(spec)
     if problem is not None:
         raise RequestInvalid(problem[0], param=problem[1])
-    unchecked = check_schemas(body, spec, bounds)
+    unchecked = measure_schemas(body, spec, bounds)
     spec = dataclasses.replace(spec, inline_cost=bounds.inline_cost, inline_check_nodes=bounds.inline_check_nodes)
     return ChatRequest(body=body, spec=spec, raw=raw, include_usage=spec.usage_requested, unchecked=unchecked)
 
 
-def check_schemas(body: dict[str, Any], spec: RequestSpec,
-                  bounds: SchemaBounds) -> tuple[tuple[str, int, str], ...]:
+def measure_schemas(body: dict[str, Any], spec: RequestSpec,
+                    bounds: SchemaBounds) -> tuple[tuple[str, int, str], ...]:
     """Measure every declared tool's ``parameters`` against ``bounds`` and compile it (into the schema
     cache), before any upstream call; return the ``(name, position, schema key)`` of the schemas left to check in
     the validation pool (not cached, and past ``bounds.inline_check_nodes`` JSON values together,

@@ -1,6 +1,7 @@
 """The attempt driver: upstream bytes -> guard events -> one ``Decision`` (sans-IO).
 
-``AttemptGuard`` wires ``sse`` -> ``accumulate`` -> ``markup`` and, at the end, ``validate``:
+``AttemptGuard`` wires ``sse`` -> ``accumulate`` -> ``AttemptText`` (``markup``, ``residue``) and, at the end,
+``validate``:
 
 - ``feed(bytes)`` returns, in stream order, ``TextDelta`` (text safe to release, per choice and
   channel; leaked-markup prefixes held back), ``ToolCallValid`` (a call that is complete and valid
@@ -29,6 +30,7 @@ here raises on any input; a guard bug becomes a ``GUARD_INTERNAL_ERROR`` retry, 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -60,12 +62,7 @@ class AttemptGuard:
         self._size = 0
         self._sse = SSEDecoder(max_line=max_line)
         self._acc = Accumulator(request, policy, stream=stream)
-        self._markup = bool(request.tools) and request.tool_choice != "none"
-        self._allow_markup = policy.allows(Repair.LEAKED_MARKUP)
-        self._scanners: dict[tuple[int, Channel], MarkupScanner] = {}
-        self._texts: dict[tuple[int, str], list[str]] = {}  # the attempt's text, markup removed
-        self._calls: dict[int, list[ToolCall]] = {}
-        self._holds: dict[int, ResidueHold] = {}  # per choice: content that may be markup residue
+        self._text = AttemptText(request, policy, self._finding)
         self.findings: list[Finding] = []
         self._aborted = False
         self._decision: Decision | None = None
@@ -197,7 +194,7 @@ class AttemptGuard:
             if self._aborted:
                 return
             if isinstance(item, TextDelta):
-                self._text(item, where, out)
+                self._text.feed(item, where, out)
             elif isinstance(item, SlotClosed):
                 self._slot_closed(item, out)
             else:
@@ -209,61 +206,6 @@ class AttemptGuard:
         if f.fatal and self.policy.early_abort and not self._aborted:
             self._aborted = True
             out.append(Abort(f))
-
-    def _text(self, item: TextDelta, where: Where, out: list[Event]) -> None:
-        if not self._markup or item.channel == "refusal":
-            self._release(item.choice, item.channel, item.text, out)
-            return
-        key = (item.choice, item.channel)
-        scanner = self._scanners.get(key)
-        if scanner is None:
-            scanner = self._scanners[key] = MarkupScanner(item.choice, self.request.tools,
-                                                          allow=self._allow_markup)
-        self._absorb(scanner.feed(item.text, where), item.choice, item.channel, out)
-
-    def _absorb(self, res: ScanResult, choice: int, channel: Channel, out: list[Event]) -> None:
-        self._release(choice, channel, res.text, out)
-        if res.calls:
-            self._calls.setdefault(choice, []).extend(res.calls)
-        for f in res.findings:
-            self._finding(f, out)
-
-    def _release(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
-        if not text:
-            return
-        if self._markup and channel == "content":
-            hold = self._holds.get(choice)
-            if hold is None:
-                hold = self._holds[choice] = ResidueHold()
-            text = hold.feed(text)
-            if not text:
-                return
-        self._put(choice, channel, text, out)
-
-    def _put(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
-        self._texts.setdefault((choice, channel), []).append(text)
-        out.append(TextDelta(choice, channel, text))
-
-    def _settle_residue(self, out: list[Event]) -> None:
-        """The text reading (``proxy.guard.stream.residue``): a held run of markup is stripped when its
-        choice has calls (structured or recovered), or when it is only end-of-turn tokens
-        (``residue.end_of_turn``), and the policy allows leaked-markup repairs; else it is content after
-        all, released as it came."""
-        for choice, hold in self._holds.items():
-            held, residue = hold.held, hold.residue()
-            hold.held = ""
-            if not held:
-                continue
-            acc = self._acc.choices.get(choice)
-            calls = bool(self._calls.get(choice)) or (acc is not None and bool(acc.slots))
-            if self._allow_markup and (calls and residue or end_of_turn(held)):
-                why = "the choice's calls are settled" if calls else "only end-of-turn tokens end the text"
-                f = Finding(K.MARKUP_RESIDUE_IN_CONTENT, Severity.WARNING, Action.REPAIRED,
-                            f"markup residue {held.strip()[:80]!r} stripped from content (rejected: content, plain: "
-                            f"{why})", choice)
-                self._finding(f, out)
-                continue
-            self._put(choice, "content", held, out)
 
     def _slot_closed(self, item: SlotClosed, out: list[Event]) -> None:
         """A finished call: abort on an unrepairable name, else announce it when already valid."""
@@ -304,19 +246,18 @@ class AttemptGuard:
         self._decoder_checks(out)
         if not self._aborted:
             self._items(self._acc.close(), Where(), out)
-        for (choice, channel), scanner in self._scanners.items():
-            if not self._aborted:
-                self._absorb(scanner.finish(), choice, channel, out)
-        if not self._aborted:
-            self._settle_residue(out)
+        self._text.finish(out, self._stopped, self._has_slots)
+
+    def _has_slots(self, choice: int) -> bool:
+        acc = self._acc.choices.get(choice)
+        return acc is not None and bool(acc.slots)
 
     def _decide(self, out: list[Event]) -> Decision:
         if self._aborted:
             return _decision(self.findings, None, self._acc.error)
         if self._turn is None:
-            texts = {k: "".join(v) for k, v in self._texts.items()}
             self._record(self._replaced_bytes(), out)
-            self._turn, resolved = self._acc.resolve(texts, self._calls)
+            self._turn, resolved = self._acc.resolve(self._text.texts(), self._text.calls)
             self._record(resolved, out)
         turn = self._turn
         if not any(f.fatal for f in self.findings):
@@ -331,7 +272,7 @@ class AttemptGuard:
         text is read for calls (tools declared): the replaced byte may sit in a call's marker or markup (a
         fuzzed marker left a call as text; a recogniser skipped a parameter it could not read), so the
         attempt is retried, never delivered with a call changed or lost. Without tools it stays a finding."""
-        if not self._markup:
+        if not self._text.reads_markup:
             return []
         replaced = next((f for f in self.findings if f.kind in (K.INVALID_UTF8_IN_FRAME, K.LONE_SURROGATE)), None)
         if replaced is None or replaced.fatal:
@@ -342,6 +283,93 @@ class AttemptGuard:
     def _record(self, findings: list[Finding], out: list[Event]) -> None:
         self.findings.extend(findings)
         out.extend(findings)
+
+
+class AttemptText:
+    """One attempt's text, per choice and channel, as the turn's content: leaked tool-call markup read out
+    of it (``MarkupScanner``, when tools are declared and ``tool_choice`` is not ``none``; the calls it
+    recovers in ``calls``), content that may be markup residue held (``ResidueHold``) and settled at the
+    end, and everything released kept for ``texts()``. Findings go to ``finding(f, out)``, the guard's
+    (which may abort the attempt)."""
+
+    def __init__(self, request: RequestSpec, policy: GuardPolicy,
+                 finding: Callable[[Finding, list[Event]], None]) -> None:
+        self.request = request
+        self.reads_markup = bool(request.tools) and request.tool_choice != "none"
+        self.allow_markup = policy.allows(Repair.LEAKED_MARKUP)
+        self.calls: dict[int, list[ToolCall]] = {}  # per choice: calls recovered from markup
+        self._finding = finding
+        self._scanners: dict[tuple[int, Channel], MarkupScanner] = {}
+        self._texts: dict[tuple[int, str], list[str]] = {}  # the attempt's text, markup removed
+        self._holds: dict[int, ResidueHold] = {}  # per choice: content that may be markup residue
+
+    def texts(self) -> dict[tuple[int, str], str]:
+        """The text released so far, by (choice, channel)."""
+        return {k: "".join(v) for k, v in self._texts.items()}
+
+    def feed(self, item: TextDelta, where: Where, out: list[Event]) -> None:
+        """A raw text delta of the accumulator: what is safe to release goes to ``out`` as ``TextDelta``."""
+        if not self.reads_markup or item.channel == "refusal":
+            self._release(item.choice, item.channel, item.text, out)
+            return
+        key = (item.choice, item.channel)
+        scanner = self._scanners.get(key)
+        if scanner is None:
+            scanner = self._scanners[key] = MarkupScanner(item.choice, self.request.tools,
+                                                          allow=self.allow_markup)
+        self._absorb(scanner.feed(item.text, where), item.choice, item.channel, out)
+
+    def finish(self, out: list[Event], stopped: Callable[[], bool], has_slots: Callable[[int], bool]) -> None:
+        """The end of the body: each scanner's held tail, then the residue, unless ``stopped()`` (aborted);
+        ``has_slots(choice)``: the choice has structured tool-call slots."""
+        for (choice, channel), scanner in self._scanners.items():
+            if not stopped():
+                self._absorb(scanner.finish(), choice, channel, out)
+        if not stopped():
+            self._settle_residue(out, has_slots)
+
+    def _absorb(self, res: ScanResult, choice: int, channel: Channel, out: list[Event]) -> None:
+        self._release(choice, channel, res.text, out)
+        if res.calls:
+            self.calls.setdefault(choice, []).extend(res.calls)
+        for f in res.findings:
+            self._finding(f, out)
+
+    def _release(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
+        if not text:
+            return
+        if self.reads_markup and channel == "content":
+            hold = self._holds.get(choice)
+            if hold is None:
+                hold = self._holds[choice] = ResidueHold()
+            text = hold.feed(text)
+            if not text:
+                return
+        self._put(choice, channel, text, out)
+
+    def _put(self, choice: int, channel: Channel, text: str, out: list[Event]) -> None:
+        self._texts.setdefault((choice, channel), []).append(text)
+        out.append(TextDelta(choice, channel, text))
+
+    def _settle_residue(self, out: list[Event], has_slots: Callable[[int], bool]) -> None:
+        """The text reading (``proxy.guard.stream.residue``): a held run of markup is stripped when its
+        choice has calls (structured or recovered), or when it is only end-of-turn tokens
+        (``residue.end_of_turn``), and the policy allows leaked-markup repairs; else it is content after
+        all, released as it came."""
+        for choice, hold in self._holds.items():
+            held, residue = hold.held, hold.residue()
+            hold.held = ""
+            if not held:
+                continue
+            calls = bool(self.calls.get(choice)) or has_slots(choice)
+            if self.allow_markup and (calls and residue or end_of_turn(held)):
+                why = "the choice's calls are settled" if calls else "only end-of-turn tokens end the text"
+                f = Finding(K.MARKUP_RESIDUE_IN_CONTENT, Severity.WARNING, Action.REPAIRED,
+                            f"markup residue {held.strip()[:80]!r} stripped from content (rejected: content, plain: "
+                            f"{why})", choice)
+                self._finding(f, out)
+                continue
+            self._put(choice, "content", held, out)
 
 
 def _single(choice: int, call: ToolCall) -> Turn:

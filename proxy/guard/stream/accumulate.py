@@ -200,6 +200,93 @@ class GenerationIds:
                        "id per chunk, too few chunks to tell (no unique reading)")
 
 
+class ChoiceTable:
+    """The choices of one attempt by index, and how a chunk's ``choices`` field is read: a list, one object
+    (an envelope variant), an index sent as a string, an index counting chunks on an n=1 request (the
+    choice-index counter reading), an index the request did not ask for (never another choice)."""
+
+    def __init__(self, request: RequestSpec, policy: GuardPolicy, notes: Notes, *, stream: bool = True) -> None:
+        self.request = request
+        self.policy = policy
+        self.notes = notes
+        self.stream = stream
+        self.choices: dict[int, ChoiceAccumulator] = {}
+        self._counted = 0  # choice-bearing chunks seen (the choice-index counter reading)
+        self._counter = True  # every chunk's choice index so far equals its number (n=1 only)
+
+    def feed(self, obj: dict[str, Any]) -> None:
+        """The ``choices`` of one chunk (whose identity was accepted), each fed to its choice."""
+        choices = obj.get("choices")
+        if isinstance(choices, dict) and ("delta" in choices or "message" in choices or "finish_reason" in choices):
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "choices sent as one object, not a list")
+            choices = [choices]
+        if isinstance(choices, list) and choices:
+            counted = None
+            if len(choices) == 1:
+                counted, self._counted = self._counted, self._counted + 1
+            else:
+                self._counter = False
+            for c in choices:
+                if isinstance(c, dict):
+                    self._choice(c, counted)
+        elif "prompt_filter_results" in obj:
+            self.notes.note(K.CONTENT_FILTER_ANNOTATION_CHUNKS, Action.IGNORED, "prompt filter chunk skipped")
+        elif isinstance(choices, list) or "usage" in obj:
+            usage_only = isinstance(obj.get("usage"), dict)
+            # Asked for with stream_options.include_usage, this chunk is the protocol (PROTOCOLS.md 1.4),
+            # not a quirk: only unrequested ones are findings (C36).
+            if not (usage_only and self.request.usage_requested):
+                detail = "usage-only chunk" if usage_only else "chunk with no choices"
+                self.notes.note(K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, Action.IGNORED, detail)
+        else:
+            self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
+
+    def _choice(self, c: dict[str, Any], counted: int | None = None) -> None:
+        idx = c.get("index")
+        if type(idx) is not int or idx < 0:
+            idx = self._index(idx)
+        if counted is not None:
+            self._counter = self._counter and idx == counted
+        if idx and idx >= self.request.n:
+            if self._counter and counted is not None and self.request.n == 1:
+                self.notes.note(K.CHOICE_INDEX_AS_COUNTER, Action.NORMALIZED,
+                                "choice index read as a chunk counter on an n=1 request (rejected: plain, "
+                                f"choice {idx}: not requested)")
+                idx = 0
+            else:
+                self._unrequested(idx, c)
+                return
+        self.choice(idx).feed(c)
+
+    def _index(self, idx: Any) -> int:
+        """A choice index: an int; a numeric string normalised (a type variant); else 0 (absent index)."""
+        if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0:
+            return idx
+        if isinstance(idx, str) and idx.isascii() and idx.isdigit() and len(idx) < 6:
+            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, f"choice index sent as the string {idx!r}")
+            return int(idx)
+        return 0
+
+    def _unrequested(self, idx: int, c: dict[str, Any]) -> None:
+        """A choice the request did not ask for (index >= n): never delivered as another choice, never
+        folded into one; retried when it carries anything (text, a tool call, a finish reason)."""
+        delta = c.get("delta") if isinstance(c.get("delta"), dict) else c.get("message")
+        payload = (isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values())) \
+            or ident(c.get("finish_reason")) is not None \
+            or any(v not in (None, "", [], {}) for k, v in c.items() if k not in ("index", "delta", "message"))
+        action = Action.RETRY if payload else Action.IGNORED
+        self.notes.note(K.UNREQUESTED_CHOICE_INDEX, action,
+                        f"choice index {idx} on a request for n={self.request.n}", once=not payload)
+
+    def choice(self, index: int) -> ChoiceAccumulator:
+        """The accumulator of choice ``index`` (made on first use)."""
+        ch = self.choices.get(index)
+        if ch is None:
+            ch = self.choices[index] = ChoiceAccumulator(index, self.request.names, self.policy, self.notes,
+                                                         stream=self.stream)
+        return ch
+
+
 class Accumulator:
     """Feeds on SSE events (``feed``) or chunk dicts (``feed_chunk``); ``resolve()`` builds the turn.
 
@@ -214,7 +301,8 @@ class Accumulator:
         self.stream = stream
         self.names = request.names
         self.notes = Notes()
-        self.choices: dict[int, ChoiceAccumulator] = {}
+        self.table = ChoiceTable(request, policy, self.notes, stream=stream)
+        self.choices = self.table.choices
         self.error: UpstreamError | None = None
         self.done = False
         self.frames = 0
@@ -224,8 +312,6 @@ class Accumulator:
         self.created: int | None = None
         self.fingerprint: str | None = None
         self._gen = GenerationIds()  # the envelope reading of completion ids
-        self._counted = 0  # choice-bearing chunks seen (the choice-index counter reading)
-        self._counter = True  # every chunk's choice index so far equals its number (n=1 only)
 
     @property
     def fatal(self) -> bool:
@@ -341,7 +427,7 @@ class Accumulator:
             return
         usage = chunk_usage(obj, self.notes)
         self.usage = usage if usage is not None else self.usage
-        self._choices(obj)
+        self.table.feed(obj)
 
     def _identity(self, obj: dict[str, Any]) -> bool:
         """Set-once turn identity; False when the completion id changed (C45: another generation)."""
@@ -361,76 +447,6 @@ class Accumulator:
             self.created = created
         self.fingerprint = self.fingerprint or ident(obj.get("system_fingerprint"))
         return True
-
-    def _choices(self, obj: dict[str, Any]) -> None:
-        choices = obj.get("choices")
-        if isinstance(choices, dict) and ("delta" in choices or "message" in choices or "finish_reason" in choices):
-            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, "choices sent as one object, not a list")
-            choices = [choices]
-        if isinstance(choices, list) and choices:
-            counted = None
-            if len(choices) == 1:
-                counted, self._counted = self._counted, self._counted + 1
-            else:
-                self._counter = False
-            for c in choices:
-                if isinstance(c, dict):
-                    self._choice(c, counted)
-        elif "prompt_filter_results" in obj:
-            self.notes.note(K.CONTENT_FILTER_ANNOTATION_CHUNKS, Action.IGNORED, "prompt filter chunk skipped")
-        elif isinstance(choices, list) or "usage" in obj:
-            usage_only = isinstance(obj.get("usage"), dict)
-            # Asked for with stream_options.include_usage, this chunk is the protocol (PROTOCOLS.md 1.4),
-            # not a quirk: only unrequested ones are findings (C36).
-            if not (usage_only and self.request.usage_requested):
-                detail = "usage-only chunk" if usage_only else "chunk with no choices"
-                self.notes.note(K.USAGE_ONLY_CHUNK_EMPTY_CHOICES, Action.IGNORED, detail)
-        else:
-            self.notes.note(K.NON_CHUNK_FRAME, Action.IGNORED, "JSON frame without choices ignored")
-
-    def _choice(self, c: dict[str, Any], counted: int | None = None) -> None:
-        idx = c.get("index")
-        if type(idx) is not int or idx < 0:
-            idx = self._index(idx)
-        if counted is not None:
-            self._counter = self._counter and idx == counted
-        if idx and idx >= self.request.n:
-            if self._counter and counted is not None and self.request.n == 1:
-                self.notes.note(K.CHOICE_INDEX_AS_COUNTER, Action.NORMALIZED,
-                                "choice index read as a chunk counter on an n=1 request (rejected: plain, "
-                                f"choice {idx}: not requested)")
-                idx = 0
-            else:
-                self._unrequested(idx, c)
-                return
-        self._choice_for(idx).feed(c)
-
-    def _index(self, idx: Any) -> int:
-        """A choice index: an int; a numeric string normalised (a type variant); else 0 (absent index)."""
-        if isinstance(idx, int) and not isinstance(idx, bool) and idx >= 0:
-            return idx
-        if isinstance(idx, str) and idx.isascii() and idx.isdigit() and len(idx) < 6:
-            self.notes.note(K.ENVELOPE_VARIANT, Action.NORMALIZED, f"choice index sent as the string {idx!r}")
-            return int(idx)
-        return 0
-
-    def _unrequested(self, idx: int, c: dict[str, Any]) -> None:
-        """A choice the request did not ask for (index >= n): never delivered as another choice, never
-        folded into one; retried when it carries anything (text, a tool call, a finish reason)."""
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else c.get("message")
-        payload = (isinstance(delta, dict) and any(v not in (None, "", [], {}) for v in delta.values())) \
-            or ident(c.get("finish_reason")) is not None \
-            or any(v not in (None, "", [], {}) for k, v in c.items() if k not in ("index", "delta", "message"))
-        action = Action.RETRY if payload else Action.IGNORED
-        self.notes.note(K.UNREQUESTED_CHOICE_INDEX, action,
-                        f"choice index {idx} on a request for n={self.request.n}", once=not payload)
-
-    def _choice_for(self, index: int) -> ChoiceAccumulator:
-        ch = self.choices.get(index)
-        if ch is None:
-            ch = self.choices[index] = ChoiceAccumulator(index, self.names, self.policy, self.notes,
-                                                         stream=self.stream)
-        return ch
 
     # -- end of stream ---------------------------------------------------------------------------
 
@@ -485,5 +501,5 @@ class Accumulator:
                     system_fingerprint=self.fingerprint, usage=self.usage)
         resolver = self._resolver()
         for i in sorted(set(self.choices) | set(extra_calls) | {i for i, _ in texts}):
-            turn.choices.append(resolver.choice(self._choice_for(i), texts, extra_calls.get(i, [])))
+            turn.choices.append(resolver.choice(self.table.choice(i), texts, extra_calls.get(i, [])))
         return turn, [f for f in self.notes.take() if isinstance(f, Finding)]

@@ -1,12 +1,14 @@
 """``limits set|show --tenant T [--key tr-PREFIX | --member USER]``: limits and money budgets from the shell.
 
 ``set --tenant T [--key tr-PREFIX | --member USER] [--rpm N] [--tpm N] [--concurrency N] [--daily-tokens N]
-[--monthly-tokens N] [--daily-usd X] [--weekly-usd Y] [--monthly-usd Z] [--soft-percent P]``: ``N`` a whole
-number (``0`` blocks), ``X`` an amount in USD, ``P`` the soft threshold of the holder's money budgets (a whole
-percent 1-100: past it the tenant's alert webhooks fire once per budget and period; default 80), or ``none``
-(removes it); a key's or member's limit above its tenant's is refused. ``show --tenant T [--json]``: the
-tenant's limits, every key's and every member's, as ``{"tenant": name, "limits": {...}, "keys": [{"key": "tr-PREFIX",
-"limits": {...}}], "members": [{"member": username, "limits": {...}}]}``.
+[--monthly-tokens N] [--daily-usd X] [--weekly-usd Y] [--monthly-usd Z] [--soft-percent [WINDOW=]P ...]``:
+``N`` a whole number (``0`` blocks), ``X`` an amount in USD, ``P`` a soft threshold (a whole percent 1-100: past
+it the tenant's alert webhooks fire once per budget and period; default 80): ``--soft-percent P`` the holder's,
+for each budget without its own, ``--soft-percent daily=P`` (``weekly``, ``monthly``; or ``daily_usd=P``) that
+budget's own (repeatable). Each value may be ``none`` (removes it); a key's or member's limit above its
+tenant's is refused. ``show --tenant T [--json]``: the tenant's limits, every key's and every member's, as
+``{"tenant": name, "limits": {...}, "keys": [{"key": "tr-PREFIX", "limits": {...}}], "members": [{"member":
+username, "limits": {...}}]}``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.limits import HOLDER_NAMES, LIMIT_NAMES, MONEY_NAMES, SOFT_NAME, Limits
+from tenants.limits import HOLDER_NAMES, LIMIT_NAMES, MONEY_NAMES, SOFT_NAME, WINDOW_SOFT_NAMES, Limits
 from tenants.management.commands._common import tenant_named
 from tenants.management.commands.apikey import find_key
 from tenants.models import API_KEY_PREFIX, Membership, Tenant
@@ -66,6 +68,24 @@ def percent_value(text: str) -> int | None:
     return value
 
 
+#: ``--soft-percent WINDOW=P``: the window names it takes, and the budget each names.
+SOFT_WINDOWS = {**{n.removesuffix("_usd"): n for n in MONEY_NAMES}, **{n: n for n in MONEY_NAMES}}
+
+
+def soft_value(text: str) -> tuple[str, int | None]:
+    """``P`` -> (``money_soft_percent``, P); ``daily=P`` (``weekly``, ``monthly``, or the budget's name
+    ``daily_usd``) -> (``daily_usd_soft_percent``, P); ``P`` a whole percent 1-100 or ``none``; argparse's
+    ``type``."""
+    window, sep, value = text.rpartition("=")
+    if not sep:
+        return SOFT_NAME, percent_value(text)
+    budget = SOFT_WINDOWS.get(window.strip().lower())
+    if budget is None:
+        names = ", ".join(n.removesuffix("_usd") for n in MONEY_NAMES)
+        raise ValueError(f"unknown window {window!r}: one of {names}")
+    return WINDOW_SOFT_NAMES[budget], percent_value(value)
+
+
 def _shown(limits: Limits, names: tuple[str, ...] = HOLDER_NAMES) -> str:
     return ", ".join(f"{n}={'none' if v is None else v}" for n, v in limits.as_json().items() if n in names)
 
@@ -90,9 +110,11 @@ class Command(BaseCommand):
             money = name in MONEY_NAMES
             setting.add_argument(f"--{name.replace('_', '-')}", dest=name, type=usd_value if money else limit_value,
                                  metavar="USD" if money else "N", default=argparse_unset)
-        setting.add_argument("--soft-percent", "--money-soft-percent", dest=SOFT_NAME, type=percent_value,
-                             metavar="P", default=argparse_unset,
-                             help="Soft threshold of the money budgets, 1-100 percent (none: the default, 80).")
+        setting.add_argument("--soft-percent", "--money-soft-percent", dest="soft", type=soft_value, action="append",
+                             metavar="[WINDOW=]P", default=[],
+                             help="Soft threshold of the money budgets, 1-100 percent (none: the default, 80); "
+                                  "daily=P, weekly=P or monthly=P: that budget's own (none: the holder's). "
+                                  "Repeatable.")
         show = actions.add_parser("show", help="Show the tenant's limits and its keys'.")
         show.add_argument("--json", action="store_true", help="One JSON object.")
         for sub in (setting, show):
@@ -103,7 +125,8 @@ class Command(BaseCommand):
         getattr(self, f"_{options['action']}")(tenant, options)
 
     def _set(self, tenant: Tenant, options: dict[str, Any]) -> None:
-        values = {n: options[n] for n in HOLDER_NAMES if options[n] is not argparse_unset}
+        values = {n: options[n] for n in LIMIT_NAMES if options[n] is not argparse_unset}
+        values.update(dict(options.get("soft") or []))
         if not values:
             names = ", ".join([*(f"--{n.replace('_', '-')}" for n in LIMIT_NAMES), "--soft-percent"])
             raise CommandError(f"nothing to set: give at least one of {names}")

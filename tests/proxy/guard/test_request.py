@@ -16,7 +16,7 @@ def test_it_reads_the_request_once() -> None:
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
             "stream_options": {"include_usage": True}, "tool_choice": "required", "parallel_tool_calls": False}
     request = prepare(body, b"raw")
-    assert (request.model, request.stream, request.guarded, request.include_usage) == ("m", True, True, True)
+    assert (request.model, request.stream, request.declares_tools, request.include_usage) == ("m", True, True, True)
     assert request.spec.names == frozenset({"get_weather"}) and request.spec.tool_choice == "required"
     assert request.spec.parallel_tool_calls is False and request.raw == b"raw"
 
