@@ -9,9 +9,12 @@ and path, the steps completed (``step-*.txt`` files written), the exit status an
 One agent at a time; every run has a timeout. Not part of `make test` (it needs npm and minutes).
 
 ``--budget-spent`` sets the tenant's retry budget to nothing (retry_budget_percent 0 and
-``RETRY_BUDGET_MIN_RETRIES=0``); ``--broken`` makes every tool-turn attempt broken beyond repair.
-Exit status: 0 when every proxy run completed every step (with ``--budget-spent`` / ``--broken``: when
-every run exited non-zero), else 1. ``--parallel N`` runs N copies of each agent's task at once
+``RETRY_BUDGET_MIN_RETRIES=0``) and, unless ``--kinds`` says otherwise, corrupts only with faults that
+need a retry (``BROKEN_KINDS``: a fault toolrelay repairs in place needs no budget); ``--broken`` makes
+every tool-turn attempt broken beyond repair. Exit status: 0 when every proxy run completed every step
+(with ``--budget-spent`` / ``--broken``: when every run the simulator corrupted exited non-zero and
+every run it left alone completed; at a 30% rate a run may meet no fault), else 1.
+``--parallel N`` runs N copies of each agent's task at once
 through toolrelay from the one key (independent conversations with the same opening).
 """
 
@@ -352,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     failing = args.budget_spent or args.broken
     if args.broken:
         args.rate, args.kinds = 1.0, args.kinds or BROKEN_KINDS
+    elif args.budget_spent:
+        args.kinds = args.kinds or BROKEN_KINDS
     args.paths = args.paths or ("proxy" if failing else "proxy,direct")
     model = f"task:steps={args.steps}:rate={args.rate:g}:seed={args.seed}" + (
         f":kinds={args.kinds}" if args.kinds else ""
@@ -398,11 +403,17 @@ def _runs(args: argparse.Namespace, agents: list[str], stack: Stack, cache: Path
 
 
 def verdict(results: list[Result], *, failing: bool) -> int:
-    """0 when every proxy run completed (``failing``: when every proxy run exited non-zero), else 1."""
+    """0 when every proxy run completed, else 1. ``failing`` (``--budget-spent``, ``--broken``): 0 when
+    every proxy run the simulator corrupted exited non-zero and every one it never corrupted completed
+    (whether a run meets a fault is the draw's), else 1."""
     proxied = [r for r in results if r.path == "proxy" or r.path.startswith("par")]
+
+    def completed(r: Result) -> bool:
+        return r.steps == r.of and r.exit == 0
+
     if failing:
-        return 0 if proxied and all(r.exit != 0 for r in proxied) else 1
-    return 0 if proxied and all(r.steps == r.of and r.exit == 0 for r in proxied) else 1
+        return 0 if proxied and all(r.exit != 0 if r.corrupted else completed(r) for r in proxied) else 1
+    return 0 if proxied and all(completed(r) for r in proxied) else 1
 
 
 if __name__ == "__main__":

@@ -62,3 +62,7 @@ def test_the_verdict_wants_every_proxy_run_complete_or_with_failing_every_proxy_
     assert script.verdict([failed, direct_short], failing=True) == 0
     assert script.verdict([failed, complete], failing=True) == 1
     assert script.verdict([], failing=False) == script.verdict([], failing=True) == 1
+    # --budget-spent at 30%: a run that met no fault needs no retry, so it must complete, not fail
+    untouched = script.Result("qwen", "proxy", 10, 10, 0, 1.0, 11, 0)
+    assert script.verdict([failed, untouched], failing=True) == 0
+    assert script.verdict([failed, script.Result("qwen", "proxy", 3, 10, 0, 1.0, 11, 0)], failing=True) == 1
