@@ -144,5 +144,6 @@ def expected_report_figures(rows: AuditRows) -> dict[str, Any]:
     return {**expected_figures(rows), "by_member": [
         {"member_id": None, "member": "(tenant keys)", "tenant": "tenant-a", "requests": 7, "prompt_tokens": 7000,
          "completion_tokens": 850, "wasted_prompt_tokens": 0, "wasted_completion_tokens": 250,
-         "wasted_unknown_requests": 0, "wasted_seconds": 8.0, **NO_MONEY, "corrupted": 3, "corruption_rate": 0.5, "exhausted": 1, "recovered": 2,
+         "wasted_unknown_requests": 0, "wasted_seconds": 8.0, **NO_MONEY, "corrupted": 3, "corruption_rate": 0.5,
+         "exhausted": 1, "recovered": 2,
          "loops_broken": 0, "limits_hit": 0, "retry_budget_spent": 0, "incidents": 3}]}
