@@ -40,13 +40,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connections
-from django.db.utils import DataError, IntegrityError, OperationalError
+from django.db.utils import OperationalError
 from django.utils import timezone
 
-from audit import incident_feed, services
+from audit import incident_feed
 from audit.incidents import Detector, journal_state
 from audit.journal import SHARED, SUFFIX, Line, lock_orphan, read_lines, read_offset, write_offset
-from audit.journal_writer import STATE_FILE, _ping, drain_orphan
+from audit.journal_writer import STATE_FILE, _ping, drain_orphan, write_batch
 from infra import operator_alert
 from infra.dbcall import bounded
 
@@ -151,23 +151,13 @@ class HostWriter:
 
     def _write(self, lines: list[Line], name: str) -> None:
         """One batch into the database; a record the database refuses for good is skipped and counted."""
-        batch = services.Batch.of(line.record for line in lines)
-        try:
-            skipped = self._call(lambda: services.journal_batch_write(batch))
-        except (IntegrityError, DataError) as exc:
-            if len(lines) == 1:
-                logger.error("journal %s: a record was refused by the database and is skipped: %s", name, exc)
-                self.dropped += 1
-                from infra import metrics
+        write_batch(lines, name, call=self._call, refused=self._refused, log=logger)
 
-                metrics.JOURNAL_DROPPED.labels(what="refused").inc()
-                return
-            middle = len(lines) // 2
-            self._write(lines[:middle], name)
-            self._write(lines[middle:], name)
-            return
-        if skipped:
-            logger.warning("journal %s: %d attempt record(s) of unknown requests skipped", name, skipped)
+    def _refused(self) -> None:
+        self.dropped += 1
+        from infra import metrics
+
+        metrics.JOURNAL_DROPPED.labels(what="refused").inc()
 
     def _publish(self, lines: list[Line], name: str) -> None:
         seen = self._published.get(name, 0)

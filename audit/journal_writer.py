@@ -313,20 +313,10 @@ class JournalWriter(_JournalThread):
 
     def _write(self, lines: list[Line], name: str) -> None:
         """One batch into the database; a record the database refuses for good is skipped and counted."""
-        batch = services.Batch.of(line.record for line in lines)
-        try:
-            skipped = self._call(lambda: services.journal_batch_write(batch))
-        except (IntegrityError, DataError) as exc:
-            if len(lines) == 1:
-                logger.error("journal %s: a record was refused by the database and is skipped: %s", name, exc)
-                self.journal.dropped["refused"] = self.journal.dropped.get("refused", 0) + 1
-                return
-            middle = len(lines) // 2
-            self._write(lines[:middle], name)
-            self._write(lines[middle:], name)
-            return
-        if skipped:
-            logger.warning("journal %s: %d attempt record(s) of unknown requests skipped", name, skipped)
+        write_batch(lines, name, call=self._call, refused=self._refused, log=logger)
+
+    def _refused(self) -> None:
+        self.journal.dropped["refused"] = self.journal.dropped.get("refused", 0) + 1
 
     def _publish(self, lines: list[Line]) -> None:
         """Hand the incidents of records not seen before to the live feed (once each, also when the database
@@ -410,6 +400,29 @@ class JournalWriter(_JournalThread):
 def _ping() -> None:
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT 1")
+
+
+def write_batch(lines: list[Line], name: str, *, call: Callable[[Any], Any], refused: Callable[[], None],
+                log: logging.Logger) -> None:
+    """Write journal ``lines`` of file ``name`` in one batch through ``call`` (the writer's bounded database
+    call). A batch the database refuses (``IntegrityError``, ``DataError``) is halved until the one record
+    it refuses for good is found: that record is logged, skipped and counted through ``refused``; every
+    other record is written. Records of unknown requests that the database skips are logged. Raises what
+    ``call`` raises otherwise (a database down is the caller's to retry)."""
+    batch = services.Batch.of(line.record for line in lines)
+    try:
+        skipped = call(lambda: services.journal_batch_write(batch))
+    except (IntegrityError, DataError) as exc:
+        if len(lines) == 1:
+            log.error("journal %s: a record was refused by the database and is skipped: %s", name, exc)
+            refused()
+            return
+        middle = len(lines) // 2
+        write_batch(lines[:middle], name, call=call, refused=refused, log=log)
+        write_batch(lines[middle:], name, call=call, refused=refused, log=log)
+        return
+    if skipped:
+        log.warning("journal %s: %d attempt record(s) of unknown requests skipped", name, skipped)
 
 
 def drain_orphan(path: Path, *, write: Callable[[list[Line], str], None], call: Callable[[Any], Any],
