@@ -24,12 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tracked files (as ``git clone`` lays them out) in ``<tmp>/toolrelay``, no ``<tmp>/shared``."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)  # noqa: S607
+    """The tracked files (as ``git clone`` lays them out) in ``<tmp>/toolrelay``, no ``<tmp>/shared``; outside
+    a git checkout (an unpacked archive) the tree less what is never tracked (``UNTRACKED``)."""
     into = tmp_path_factory.mktemp("fresh") / "toolrelay"
-    for name in listed.stdout.decode().split("\0"):
+    for name in _tracked():
         source = ROOT / name
         if name and source.is_file():
             target = into / name
@@ -37,6 +35,21 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copy2(source, target)
     assert not (into.parent / "shared").exists()
     return into
+
+
+#: What ``.gitignore`` keeps out of a checkout: the venv, runtime state, caches.
+UNTRACKED = frozenset({".git", ".venv", "var", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache",
+                       ".pytest_cache", ".hypothesis", "staticfiles", "media", "build", ".env"})
+
+
+def _tracked() -> list[str]:
+    """The repository's files, relative to ``ROOT``: ``git ls-files`` in a checkout, else a walk."""
+    if shutil.which("git") is not None and (ROOT / ".git").exists():
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)  # noqa: S607
+        return listed.stdout.decode().split("\0")
+    return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+            if p.is_file() and not UNTRACKED.intersection(p.relative_to(ROOT).parts)
+            and not any(part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)]
 
 
 def _pytest(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
